@@ -1,0 +1,78 @@
+"""wrapt-based wrapping that stays correct when other tools wrap the same function (ddtrace, OTel, a profiler).
+
+Each layer we add is marked with its quirk id, so wrap() is idempotent and unwrap() removes exactly our layer.
+If another wrapper was stacked over ours, removing ours would need rewriting theirs, so unwrap() instead turns our
+layer into a pass-through and a later wrap() turns it back on: either way the fix is applied exactly once.
+"""
+
+import wrapt
+
+
+class _Layer:
+    """The wrapper function wrapt calls; `enabled` False makes it a pass-through."""
+
+    def __init__(self, quirk_id, wrapper):
+        self.quirk_id, self.wrapper, self.enabled = quirk_id, wrapper, True
+
+    def __call__(self, wrapped, instance, args, kwargs):
+        if self.enabled:
+            return self.wrapper(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
+
+
+def _defined_on(owner, name):
+    # The raw attribute (classmethod/staticmethod objects included), looked up along the MRO for classes.
+    for namespace in getattr(owner, "__mro__", (owner,)):
+        if name in vars(namespace):
+            return vars(namespace)[name]
+    raise AttributeError(f"{getattr(owner, '__name__', owner)!s} has no attribute {name!r}")
+
+
+def _our_layer(obj, quirk_id):
+    """Our layer for quirk_id anywhere in obj's chain of wrappers, or None."""
+    seen = set()
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        layer = getattr(obj, "_self_wrapper", None) if isinstance(obj, wrapt.ObjectProxy) else None
+        if isinstance(layer, _Layer) and layer.quirk_id == quirk_id:
+            return layer
+        obj = getattr(obj, "__wrapped__", None)
+    return None
+
+
+def wrap(owner, name, wrapper, quirk_id):
+    """Wrap owner.name (a function, method, classmethod or staticmethod) with wrapper(wrapped, instance, args, kwargs).
+
+    Idempotent per quirk id. Raises AttributeError when the target is missing, which activation turns into a skip.
+    """
+    layer = _our_layer(_defined_on(owner, name), quirk_id)
+    if layer is not None:
+        layer.enabled = True
+        return
+    wrapt.wrap_function_wrapper(owner, name, _Layer(quirk_id, wrapper))
+
+
+def unwrap(owner, name, quirk_id):
+    """Remove our layer for quirk_id from owner.name; a pass-through stays if another tool wrapped over it."""
+    try:
+        top = vars(owner).get(name)
+    except TypeError:
+        return
+    if top is None:
+        return
+    layer = _our_layer(top, quirk_id)
+    if layer is None:
+        return
+    if getattr(top, "_self_wrapper", None) is layer:
+        setattr(owner, name, top.__wrapped__)
+    else:
+        layer.enabled = False
+
+
+def is_wrapped(owner, name, quirk_id):
+    """True when owner.name carries an enabled layer of quirk_id (for doctor and tests)."""
+    try:
+        layer = _our_layer(_defined_on(owner, name), quirk_id)
+    except AttributeError:
+        return False
+    return layer is not None and layer.enabled

@@ -1,0 +1,16 @@
+"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+
+ID = "vllm-v1-runtime"
+SUMMARY = "placeholder"
+LINK = ""
+LIBRARY = "vllm"
+VERSIONS = ">=0"
+TARGETS = ()
+
+
+def patch(module):
+    raise NotImplementedError
+
+
+def unpatch(module):
+    pass

@@ -1,0 +1,86 @@
+"""The quirk registry: one module per quirk under nrl_shim/quirks, listed here. No quirk module knows another.
+
+A quirk module declares (ddtrace/OpenTelemetry style):
+    ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE), one line, upstream link
+    LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
+    TARGETS                 -- module names; patch(module) runs once each is imported (before or after activation)
+    patch(module), unpatch(module)   -- idempotent; use nrl_shim.patching.wrap / unwrap
+    setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
+    describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
+Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
+"""
+
+import importlib
+
+QUIRK_MODULES = (
+    "nrl_shim.quirks.vllm_gemma_load_format",
+    "nrl_shim.quirks.vllm_v1_runtime",
+    "nrl_shim.quirks.vllm_eager_recipes",
+    "nrl_shim.quirks.vllm_async_timeout",
+    "nrl_shim.quirks.cp_attention_mask",
+    "nrl_shim.quirks.cp_gemma3",
+    "nrl_shim.quirks.cp_flash_attention",
+    "nrl_shim.quirks.cp_sequence_parallel",
+    "nrl_shim.quirks.ray_propagate_env",
+)
+
+
+class Quirk:
+    """A quirk module seen through the fixed interface above."""
+
+    def __init__(self, module):
+        self.module = module
+        self.id = module.ID
+        self.summary = module.SUMMARY
+        self.link = module.LINK
+        self.library = module.LIBRARY
+        self.versions = module.VERSIONS
+        self.targets = tuple(module.TARGETS)
+        self.patch = module.patch
+        self.unpatch = module.unpatch
+        self.setup = getattr(module, "setup", None)
+        self.describe = getattr(module, "describe", None)
+
+    def __repr__(self):
+        return f"<Quirk {self.id} {self.library}{self.versions}>"
+
+    def gate(self):
+        """(applies, installed version or None, reason). Imports importlib.metadata/packaging: call lazily."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            installed = version(self.library)
+        except PackageNotFoundError:
+            return False, None, f"{self.library} is not installed (or has no package metadata)"
+        try:
+            ok = SpecifierSet(self.versions).contains(Version(installed), prereleases=True)
+        except InvalidVersion:
+            return False, installed, f"{self.library} version {installed!r} is not a valid version; cannot tell if the fix applies"
+        if not ok:
+            return False, installed, f"{self.library} {installed} is outside the supported range {self.versions}"
+        return True, installed, f"{self.library} {installed} is in {self.versions}"
+
+
+_QUIRKS = None
+
+
+def quirks():
+    """All registered quirks, in registry order (imported once)."""
+    global _QUIRKS
+    if _QUIRKS is None:
+        _QUIRKS = tuple(Quirk(importlib.import_module(name)) for name in QUIRK_MODULES)
+    return _QUIRKS
+
+
+def quirk_ids():
+    return tuple(q.id for q in quirks())
+
+
+def get(quirk_id):
+    for quirk in quirks():
+        if quirk.id == quirk_id:
+            return quirk
+    raise KeyError(quirk_id)

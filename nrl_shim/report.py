@@ -1,0 +1,33 @@
+"""The `nrl_shim` logger: every change to a user's configuration is logged once, with before -> after and why."""
+
+import logging
+import sys
+
+_LOGGER = logging.getLogger("nrl_shim")
+_seen = set()
+
+
+def logger():
+    """The configured `nrl_shim` logger. Our own stderr handler, so INFO reaches users whose app configured no
+    logging; propagate=False so an app that did configure logging does not print every line twice. Reconfigure
+    freely: `logging.getLogger("nrl_shim").handlers[:] = []; ...propagate = True`."""
+    if not getattr(_LOGGER, "_nrl_shim_configured", False):
+        from . import activation
+
+        settings = activation.settings()
+        _LOGGER.setLevel(settings.log_level if settings else logging.INFO)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("nrl_shim %(levelname)s: %(message)s"))
+        _LOGGER.addHandler(handler)
+        _LOGGER.propagate = False
+        _LOGGER._nrl_shim_configured = True
+    return _LOGGER
+
+
+def changed(quirk_id, what, before, after, why):
+    """Log one configuration change, once per process for the same (quirk, what, before, after)."""
+    key = (quirk_id, what, repr(before), repr(after))
+    if key in _seen:
+        return
+    _seen.add(key)
+    logger().info("[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
