@@ -1,0 +1,46 @@
+"""Shared test helpers. Most tests run their scenario in a fresh interpreter (as ddtrace's patch tests do), so that
+activation, import order and start-up hooks are exercised for real and no test leaks patches into another."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import nrl_shim
+
+# The copy of nrl_shim under test (the checkout when pytest runs from it); children must import the same one.
+SOURCE_ROOT = str(Path(nrl_shim.__file__).resolve().parent.parent)
+
+
+def child_env(extra=None, clear_nrl=True):
+    """os.environ without any NRL_*/VLLM_USE_V1 leftovers, plus `extra`, with PYTHONPATH pointing at this checkout."""
+    env = {k: v for k, v in os.environ.items() if not (clear_nrl and (k.startswith("NRL_") or k == "VLLM_USE_V1"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SOURCE_ROOT, env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
+    """Run `code` in a fresh interpreter; return CompletedProcess (text). `env` is added to child_env()."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=child_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+def run_json(code, env=None, **kw):
+    """Run `code`, which must print one JSON document as its last stdout line; return it parsed."""
+    proc = run_python(code, env=env, **kw)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+
+
+@pytest.fixture
+def python_child():
+    return run_python
