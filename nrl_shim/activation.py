@@ -94,6 +94,8 @@ def activate_on_import():
     (the .pth or sitecustomize) end the process with one clear line instead of a traceback inside site.py."""
     if os.environ.get("NRL_SHIM", "").strip().lower() in _FALSE:
         return
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "nrl-shim":
+        return  # the CLI validates and reports settings itself (doctor, run) and patches nothing in its own process
     try:
         activate()
     except ShimError as err:

@@ -20,6 +20,21 @@ class _Layer:
         return wrapped(*args, **kwargs)
 
 
+class _BoundShimWrapper(wrapt.BoundFunctionWrapper):
+    def __reduce_ex__(self, protocol):
+        # A method pickles as "getattr(owner, name)", as a plain bound method would (wrapt proxies refuse to pickle).
+        owner = self._self_instance if self._self_instance is not None else getattr(self, "_self_owner", None)
+        return getattr, (owner, self.__name__)
+
+
+class _ShimWrapper(wrapt.FunctionWrapper):
+    __bound_function_wrapper__ = _BoundShimWrapper
+
+    def __reduce_ex__(self, protocol):
+        # Pickle by reference, like the module-level function it stands in for (found again by name on load).
+        return self.__qualname__
+
+
 def _defined_on(owner, name):
     # The raw attribute (classmethod/staticmethod objects included), looked up along the MRO for classes.
     for namespace in getattr(owner, "__mro__", (owner,)):
@@ -33,7 +48,7 @@ def _our_layer(obj, quirk_id):
     seen = set()
     while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
-        layer = getattr(obj, "_self_wrapper", None) if isinstance(obj, wrapt.ObjectProxy) else None
+        layer = getattr(obj, "_self_wrapper", None)
         if isinstance(layer, _Layer) and layer.quirk_id == quirk_id:
             return layer
         obj = getattr(obj, "__wrapped__", None)
@@ -49,7 +64,7 @@ def wrap(owner, name, wrapper, quirk_id):
     if layer is not None:
         layer.enabled = True
         return
-    wrapt.wrap_function_wrapper(owner, name, _Layer(quirk_id, wrapper))
+    wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),))
 
 
 def unwrap(owner, name, quirk_id):
