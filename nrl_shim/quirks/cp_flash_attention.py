@@ -1,16 +1,78 @@
-"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+"""torch's context parallel (CP) only shards attention that goes through torch.nn.functional.scaled_dot_product_attention.
+transformers' flash-attention path (attn_implementation="flash_attention_2", which sequence packing needs) calls the
+flash-attn kernels directly, so under CP each rank would attend only to its own chunk of the sequence. NeMo RL refuses
+CP with sequence packing; the shim raises one clear error when that path is called inside a CP context, before any
+flash kernel is needed. Every flash variant of transformers goes through `_flash_attention_forward`.
+"""
+
+import sys
 
 ID = "cp-flash-attention"
-SUMMARY = "placeholder"
-LINK = ""
-LIBRARY = "torch"
-VERSIONS = ">=0"
-TARGETS = ()
+SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"
+LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
+LIBRARY = "transformers"
+VERSIONS = ">=4.51,<6"
+_UTILS = "transformers.modeling_flash_attention_utils"
+_NAME = "_flash_attention_forward"
+TARGETS = (
+    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
+    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
+    _UTILS,
+)
+
+
+def _flash_guard(wrapped, instance, args, kwargs):
+    from .. import _torch_cp
+
+    if not _torch_cp.active():
+        return wrapped(*args, **kwargs)
+    from ..errors import UnsupportedConfigError
+
+    query = args[0] if args else kwargs.get("query_states")
+    shape = f" (query of shape {tuple(query.shape)}, dtype {query.dtype})" if hasattr(query, "shape") else ""
+    raise UnsupportedConfigError(
+        "context parallel: transformers' flash-attention path (attn_implementation=\"flash_attention_2\") was called "
+        f"inside torch.distributed.tensor.experimental.context_parallel{shape}. torch's context parallel only shards "
+        "attention computed by torch.nn.functional.scaled_dot_product_attention (attn_implementation=\"sdpa\"); flash "
+        "kernels are not sharded, so each rank would attend only to its own chunk of the sequence. Sequence packing "
+        "needs flash_attention_2 and context parallel needs sdpa, so the two cannot be combined. What you can do: "
+        "turn sequence packing off and load the model with attn_implementation=\"sdpa\" to keep context parallel, or "
+        "keep sequence packing and set the context-parallel size to 1. "
+        f"To skip this check: NRL_SHIM_DISABLE={ID}."
+    )
+
+
+def _rebind(old, new):
+    # Modules that did `from ..modeling_flash_attention_utils import _flash_attention_forward` before we patched
+    # (transformers imported before activation) hold their own copy of the name.
+    for name, mod in list(sys.modules.items()):
+        # __dict__, not getattr(): transformers' lazy modules would import submodules on a missing attribute.
+        if name.startswith("transformers.") and name != _UTILS and getattr(mod, "__dict__", {}).get(_NAME) is old:
+            setattr(mod, _NAME, new)
 
 
 def patch(module):
-    raise NotImplementedError
+    from .. import _torch_cp
+    from ..patching import wrap
+
+    if module.__name__ != _UTILS:
+        return _torch_cp.install(module, ID)  # only to know when a CP context is active
+    old = getattr(module, _NAME)
+    wrap(module, _NAME, _flash_guard, ID)
+    _rebind(old, getattr(module, _NAME))
 
 
 def unpatch(module):
-    pass
+    from .. import _torch_cp
+    from ..patching import unwrap
+
+    if module.__name__ != _UTILS:
+        return _torch_cp.uninstall(module, ID)
+    old = getattr(module, _NAME, None)
+    unwrap(module, _NAME, ID)
+    if old is not None and getattr(module, _NAME) is not old:
+        _rebind(old, getattr(module, _NAME))
+
+
+def describe(settings, version):
+    return f"transformers {version}: flash_attention_2 path inside context_parallel -> clear error (CP needs sdpa)"

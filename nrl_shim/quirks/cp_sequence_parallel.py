@@ -1,16 +1,104 @@
-"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+"""Sequence parallel (SP, a tensor-parallel style that shards activations along the sequence) and torch's context
+parallel (CP) cannot be used together (NeMo RL issue #659; NeMo RL asserts on it). parallelize_module calls that apply a
+SequenceParallel style are remembered (weakly, per root module); entering a CP context while such a module is alive
+raises one clear error before torch shards any buffer, and so does applying SP inside a CP context.
+"""
+
+import sys
+import weakref
 
 ID = "cp-sequence-parallel"
-SUMMARY = "placeholder"
-LINK = ""
+SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
+LINK = "https://github.com/NVIDIA-NeMo/RL/issues/659"
 LIBRARY = "torch"
-VERSIONS = ">=0"
-TARGETS = ()
+VERSIONS = ">=2.6,<2.16"
+_API = "torch.distributed.tensor.parallel.api"
+TARGETS = (
+    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
+    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
+    _API,
+)
+_PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
+
+_applied = weakref.WeakKeyDictionary()  # module parallelized with SP -> description for the error message
+
+
+def _is_sp(style):
+    return any(cls.__name__ == "SequenceParallel" for cls in type(style).__mro__)
+
+
+def _sp_paths(plan):
+    if isinstance(plan, dict):
+        return [path for path, style in plan.items() if _is_sp(style)]
+    return ["<the module itself>"] if plan is not None and _is_sp(plan) else []
+
+
+def _error(what):
+    from ..errors import UnsupportedConfigError
+
+    return UnsupportedConfigError(
+        f"context parallel + sequence parallel: {what}. Sequence parallel and torch's context parallel cannot be used "
+        "together: both shard activations along the sequence dimension, and torch's context parallel does not handle "
+        "activations that sequence parallel already sharded (a known limitation, NeMo RL issue #659). What you can "
+        "do: turn sequence parallel off (e.g. sequence_parallel: false; tensor parallel without it works with context "
+        "parallel), or set the context-parallel size to 1. "
+        f"To skip this check: NRL_SHIM_DISABLE={ID}."
+    )
+
+
+def _describe(module, mesh, paths):
+    size = f"a mesh of size {mesh.size()}" if hasattr(mesh, "size") else "the current mesh"
+    return f"{type(module).__name__} ({', '.join(repr(p) for p in paths)}) over {size}"
+
+
+def _parallelize_guard(wrapped, instance, args, kwargs):
+    from .. import _torch_cp
+
+    module = args[0] if args else kwargs.get("module")
+    mesh = args[1] if len(args) > 1 else kwargs.get("device_mesh")
+    plan = args[2] if len(args) > 2 else kwargs.get("parallelize_plan")
+    paths = _sp_paths(plan)
+    if paths and _torch_cp.active():
+        raise _error(f"parallelize_module applied SequenceParallel to {_describe(module, mesh, paths)} inside "
+                     "torch.distributed.tensor.experimental.context_parallel")
+    result = wrapped(*args, **kwargs)
+    if paths:
+        _applied[module] = _describe(module, mesh, paths)
+    return result
+
+
+def _check_on_enter():
+    applied = list(_applied.values())
+    if applied:
+        raise _error("torch.distributed.tensor.experimental.context_parallel was entered in a process where "
+                     f"parallelize_module applied SequenceParallel to {'; '.join(applied)}")
 
 
 def patch(module):
-    raise NotImplementedError
+    from .. import _torch_cp
+    from ..patching import wrap
+
+    if module.__name__ != _API:
+        return _torch_cp.install(module, ID, before=_check_on_enter)
+    old = module.parallelize_module
+    wrap(module, "parallelize_module", _parallelize_guard, ID)
+    package = sys.modules.get(_PACKAGE)  # imported before activation: its re-export is the unwrapped function
+    if package is not None and getattr(package, "parallelize_module", None) is old:
+        package.parallelize_module = module.parallelize_module
 
 
 def unpatch(module):
-    pass
+    from .. import _torch_cp
+    from ..patching import unwrap
+
+    if module.__name__ != _API:
+        return _torch_cp.uninstall(module, ID)
+    old = module.parallelize_module
+    unwrap(module, "parallelize_module", ID)
+    package = sys.modules.get(_PACKAGE)
+    if package is not None and getattr(package, "parallelize_module", None) is old:
+        package.parallelize_module = module.parallelize_module
+
+
+def describe(settings, version):
+    return f"torch {version}: context_parallel with SequenceParallel applied by parallelize_module -> clear error"
