@@ -1,16 +1,133 @@
-"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+"""Bound each wait for the next output of AsyncLLM.generate() by NRL_VLLM_ASYNC_TIMEOUT_SECONDS (NeMo RL's rollout
+timeout). On expiry the request is aborted in the engine and ShimTimeoutError (a TimeoutError) tells the user how to
+raise the limit.
+
+Cost: NeMo RL wraps every item in asyncio.wait_for (a task and a timer per item). Here one watchdog timer per stream
+is re-armed lazily: each item only stores a deadline; the timer, when it fires, moves itself to the latest deadline,
+and cancels the waiting task only when the stream really stalled (as asyncio.timeout does), which we turn into the
+timeout error.
+"""
+
+import asyncio
+import time
 
 ID = "vllm-async-timeout"
-SUMMARY = "placeholder"
-LINK = ""
+SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
+LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
 LIBRARY = "vllm"
-VERSIONS = ">=0"
-TARGETS = ()
+VERSIONS = ">=0.8.5,<0.34"
+TARGETS = ("vllm.v1.engine.async_llm",)
+
+_REQUEST_ID_POSITION = 2  # generate(self, prompt, sampling_params, request_id, ...) in every release 0.8.5 - 0.33
+_now = time.monotonic  # the clock asyncio's default loop uses (loop.time())
+
+
+class _Watchdog:
+    """One timer per stream. `deadline` is None while the consumer is not waiting for an item."""
+
+    __slots__ = ("timeout", "deadline", "handle", "task", "loop", "expired")
+
+    def __init__(self, timeout):
+        self.timeout, self.deadline, self.handle, self.task, self.loop, self.expired = timeout, None, None, None, None, False
+
+    def start(self):
+        """Schedule the timer (first wait, or first wait after the timer found the consumer busy elsewhere)."""
+        self.loop = loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task(loop)
+        self.handle = loop.call_at(self.deadline, self._fire)
+
+    def _fire(self):
+        deadline = self.deadline
+        if deadline is None:  # not waiting: re-armed by the next arm()
+            self.handle = None
+            return
+        if deadline > self.loop.time():  # items arrived since the timer was set: follow the latest deadline
+            self.handle = self.loop.call_at(deadline, self._fire)
+            return
+        self.handle = None
+        self.expired = True
+        self.task.cancel()
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.deadline = None
+
+
+def _timeout_error(request_id, timeout):
+    from ..errors import ShimTimeoutError
+
+    return ShimTimeoutError(
+        f"vLLM request {request_id!r} produced no output for {timeout:g} s (NRL_VLLM_ASYNC_TIMEOUT_SECONDS={timeout:g}); "
+        f"the request was aborted. For longer sequences, increase the timeout: "
+        f"export NRL_VLLM_ASYNC_TIMEOUT_SECONDS={2 * timeout:g}")
+
+
+def _owned_cancellation(watchdog):
+    """True when the CancelledError in hand is the watchdog's own (not the caller's task being cancelled)."""
+    if not watchdog.expired:
+        return False
+    uncancel = getattr(watchdog.task, "uncancel", None)  # Python >= 3.11
+    return uncancel is None or uncancel() == 0
+
+
+async def bounded(stream, engine, request_id, timeout):
+    """Yield from `stream` (an async generator), with each wait for an item bounded by `timeout` seconds."""
+    watchdog = _Watchdog(timeout)
+    next_item = stream.__anext__
+    now = _now
+    try:
+        while True:
+            # The per-item fast path: store the deadline; the timer is only (re)scheduled when there is none.
+            watchdog.deadline = now() + timeout
+            if watchdog.handle is None:
+                watchdog.start()
+            try:
+                item = await next_item()
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not _owned_cancellation(watchdog):
+                    raise
+                watchdog.close()
+                await engine.abort(request_id)
+                raise _timeout_error(request_id, timeout) from None
+            watchdog.deadline = None
+            yield item
+    finally:
+        watchdog.close()
+        # The caller broke out early (GeneratorExit) or failed: close vLLM's generator now, so it aborts the request
+        # and leaves nothing to the garbage collector. A no-op once it is exhausted.
+        await stream.aclose()
+
+
+def _generate_wrapper(wrapped, instance, args, kwargs):
+    from ..activation import settings
+
+    current = settings()
+    if current is None or instance is None:
+        return wrapped(*args, **kwargs)
+    if "request_id" in kwargs:
+        request_id = kwargs["request_id"]
+    elif len(args) > _REQUEST_ID_POSITION:
+        request_id = args[_REQUEST_ID_POSITION]
+    else:
+        return wrapped(*args, **kwargs)  # a call vLLM itself will reject with its own TypeError
+    return bounded(wrapped(*args, **kwargs), instance, request_id, current.async_timeout_s)
 
 
 def patch(module):
-    raise NotImplementedError
+    from ..patching import wrap
+
+    wrap(module.AsyncLLM, "generate", _generate_wrapper, ID)
 
 
 def unpatch(module):
-    pass
+    from ..patching import unwrap
+
+    unwrap(module.AsyncLLM, "generate", ID)
+
+
+def describe(settings, version):
+    return f"AsyncLLM.generate: each wait for the next output bounded by {settings.async_timeout_s:g} s"

@@ -1,16 +1,97 @@
-"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+"""Gemma-2/3 with load_format="dummy" generate garbage after a weight refit on vLLM < 0.9.2.
+
+vLLM registered Gemma's `normalizer` (sqrt(hidden_size)) as a persistent buffer; dummy init randomises it and a refit
+never sends it. vLLM PR #19788 made it non-persistent (in 0.9.2). NeMo RL forces load_format="auto" for Gemma on
+every release; so do we by default. Applied in EngineArgs.create_engine_config(), which every engine entry path
+(LLM, LLMEngine/AsyncLLM/AsyncLLMEngine.from_engine_args, the OpenAI server) goes through on 0.8.5 - 0.33.
+"""
 
 ID = "vllm-gemma-load-format"
-SUMMARY = "placeholder"
-LINK = ""
+SUMMARY = "Gemma-2/3 models: vLLM load_format 'dummy' -> 'auto' (dummy init corrupts the normalizer buffer)"
+LINK = "https://github.com/vllm-project/vllm/pull/19788"
 LIBRARY = "vllm"
-VERSIONS = ">=0"
-TARGETS = ()
+VERSIONS = ">=0.8.5,<0.34"
+TARGETS = ("vllm.engine.arg_utils",)
+
+GEMMA_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})  # NeMo RL's is_gemma_model (not gemma, gemma3n)
+FIXED_IN = "0.9.2"  # first vLLM release with vLLM PR #19788 (persistent=False)
+_WHY = f"Gemma's normalizer buffer is randomised by dummy init and never refit on vLLM < {FIXED_IN}; see {LINK}"
+
+_affected_cache = {}
+
+
+def vllm_is_affected(version):
+    """True when this vLLM version still has the persistent normalizer buffer."""
+    if version not in _affected_cache:
+        from packaging.version import Version
+
+        _affected_cache[version] = Version(version) < Version(FIXED_IN)
+    return _affected_cache[version]
+
+
+def mode_applies(mode, version):
+    """Whether NRL_SHIM_GEMMA_LOAD_FORMAT=mode changes Gemma's dummy load format on this vLLM version."""
+    return mode == "always" or (mode == "affected" and vllm_is_affected(version))
+
+
+def _is_dummy(load_format):
+    # A plain str from 0.10.1; a str-enum LoadFormat before (LoadFormat.DUMMY == "dummy" holds for both).
+    return isinstance(load_format, str) and load_format.lower() == "dummy"
+
+
+def _auto_like(load_format):
+    return type(load_format)("auto") if type(load_format) is not str else "auto"  # keep LoadFormat on 0.8-0.10.0
+
+
+def fix_engine_args(engine_args, settings):
+    """Turn dummy into auto on `engine_args` (in place) when it is a Gemma model and the mode says so."""
+    from .._vllm import installed_version
+
+    load_format = getattr(engine_args, "load_format", None)
+    if settings is None or not _is_dummy(load_format) or not mode_applies(settings.gemma_load_format, installed_version()):
+        return
+    from .. import hf_config
+
+    model = getattr(engine_args, "hf_config_path", None) or engine_args.model
+    model_type = hf_config.model_type(model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None))
+    if model_type is None:
+        from .. import report
+
+        report.logger().debug("[%s] no readable HF config for model %r; load_format left as %r", ID, model, load_format)
+        return
+    if model_type not in GEMMA_MODEL_TYPES:
+        return
+    engine_args.load_format = _auto_like(load_format)
+    from .. import report
+
+    report.changed(ID, f"vllm load_format for {model_type} model {model!r}", str(load_format.value if hasattr(load_format, "value") else load_format), "auto", _WHY)
+
+
+def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
+    from .._vllm import engine_args_of
+    from ..activation import settings
+
+    fix_engine_args(engine_args_of(instance, args), settings())
+    return wrapped(*args, **kwargs)
 
 
 def patch(module):
-    raise NotImplementedError
+    from ..patching import wrap
+
+    wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
 
 
 def unpatch(module):
-    pass
+    from ..patching import unwrap
+
+    unwrap(module.EngineArgs, "create_engine_config", ID)
+
+
+def describe(settings, version):
+    mode = settings.gemma_load_format
+    if version is None:
+        return f"NRL_SHIM_GEMMA_LOAD_FORMAT={mode}; vLLM not installed"
+    affected = vllm_is_affected(version)
+    state = "affected (persistent normalizer buffer)" if affected else f"fixed upstream (>= {FIXED_IN})"
+    effect = "Gemma dummy -> auto" if mode_applies(mode, version) else "Gemma dummy load format kept"
+    return f"NRL_SHIM_GEMMA_LOAD_FORMAT={mode}; vLLM {version} is {state}: {effect}"

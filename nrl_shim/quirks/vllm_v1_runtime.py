@@ -1,16 +1,126 @@
-"""PLACEHOLDER - being implemented (see the issue). Declares the interface only."""
+"""NeMo RL's V1 rules: NRL_VLLM_USE_V1 decides VLLM_USE_V1, and asking for V0 where vLLM has none fails clearly.
+
+* Releases with the VLLM_USE_V1 variable (<= 0.11.0): as soon as `vllm.envs` is imported (before any vLLM module
+  reads the variable, some do at import time on 0.8.x) VLLM_USE_V1 is set from NRL_VLLM_USE_V1; a different
+  user value loses, as in NeMo RL, and the log says so. Later releases have no variable: it is left alone.
+* NRL_VLLM_USE_V1=0 with vLLM >= 0.11.0 (V0 removed) -> UnsupportedConfigError at engine-config creation.
+* NRL_VLLM_USE_V1=0 with the async engine (AsyncLLM, and AsyncLLMEngine from 0.11.0, its alias) ->
+  UnsupportedConfigError before vLLM's own "This should not happen" ValueError.
+"""
+
+import os
 
 ID = "vllm-v1-runtime"
-SUMMARY = "placeholder"
-LINK = ""
+SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
+LINK = "https://github.com/vllm-project/vllm/issues/18571"
 LIBRARY = "vllm"
-VERSIONS = ">=0"
-TARGETS = ()
+VERSIONS = ">=0.8.5,<0.34"
+TARGETS = ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm")
+
+V0_REMOVED_IN = "0.11.0"
+VARIABLE_REMOVED_IN = "0.11.1"
+_ASYNC_FACTORIES = ("from_engine_args", "from_vllm_config")
+
+
+def _wanted():
+    from ..activation import settings
+
+    current = settings()
+    return None if current is None else current.vllm_use_v1
+
+
+def apply_variable(use_v1, environ=None):
+    """Set VLLM_USE_V1 from NRL_VLLM_USE_V1 on releases that read it; log what changed."""
+    from .._vllm import version_at_least
+
+    environ = os.environ if environ is None else environ
+    if use_v1 is None or version_at_least(VARIABLE_REMOVED_IN):
+        return
+    if not use_v1 and version_at_least(V0_REMOVED_IN):
+        return  # 0.11.0: V0 is gone; VLLM_USE_V1=0 would only trade our clear error for vLLM's unclear one
+    value = "1" if use_v1 else "0"
+    before = environ.get("VLLM_USE_V1")
+    if before == value:
+        return
+    environ["VLLM_USE_V1"] = value
+    from .. import report
+
+    if before is None:
+        why = "NeMo RL sets VLLM_USE_V1 from NRL_VLLM_USE_V1 (default 1) before creating engines"
+    else:
+        why = f"NRL_VLLM_USE_V1={value} wins over the VLLM_USE_V1={before} you set, as in NeMo RL"
+    report.changed(ID, "environment VLLM_USE_V1", before, value, why)
+
+
+def check_v0_available(use_v1, is_async=False):
+    """Raise UnsupportedConfigError when V0 is asked for where it cannot run."""
+    if use_v1 is None or use_v1:
+        return
+    from .._vllm import installed_version, version_at_least
+    from ..errors import UnsupportedConfigError
+
+    if is_async:
+        raise UnsupportedConfigError(
+            "NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the async engine (vllm.v1.engine.async_llm.AsyncLLM) "
+            "always runs V1. Switch to synchronous inference (policy.generation.vllm_cfg.async_engine=False) "
+            "or drop NRL_VLLM_USE_V1=0.")
+    if version_at_least(V0_REMOVED_IN):
+        raise UnsupportedConfigError(
+            f"NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the installed vLLM {installed_version()} has none "
+            f"(V0 was removed in vLLM {V0_REMOVED_IN}). Unset NRL_VLLM_USE_V1 (or set it to 1), "
+            f"or install vLLM < {V0_REMOVED_IN}.")
+
+
+def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
+    use_v1 = _wanted()
+    check_v0_available(use_v1)
+    apply_variable(use_v1)  # again: a user may have changed os.environ after vLLM was imported
+    return wrapped(*args, **kwargs)
+
+
+def _async_engine_wrapper(wrapped, instance, args, kwargs):
+    check_v0_available(_wanted(), is_async=True)
+    return wrapped(*args, **kwargs)
 
 
 def patch(module):
-    raise NotImplementedError
+    from ..patching import wrap
+
+    if module.__name__ == "vllm.envs":
+        apply_variable(_wanted())
+    elif module.__name__ == "vllm.engine.arg_utils":
+        wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+    else:
+        for name in ("__init__",) + _ASYNC_FACTORIES:
+            wrap(module.AsyncLLM, name, _async_engine_wrapper, ID)
 
 
 def unpatch(module):
-    pass
+    from ..patching import unwrap
+
+    if module.__name__ == "vllm.engine.arg_utils":
+        unwrap(module.EngineArgs, "create_engine_config", ID)
+    elif module.__name__ == "vllm.v1.engine.async_llm":
+        for name in ("__init__",) + _ASYNC_FACTORIES:
+            unwrap(module.AsyncLLM, name, ID)
+    # VLLM_USE_V1 stays: vLLM may already have read it, and child processes must see the same engine choice.
+
+
+def describe(settings, version):
+    from packaging.version import Version
+
+    if version is None:
+        return "vLLM not installed"
+    v = Version(version)
+    wanted = "1" if settings.vllm_use_v1 else "0"
+    if v >= Version(VARIABLE_REMOVED_IN):
+        rule = "V1 only, no VLLM_USE_V1 variable"
+    elif v >= Version(V0_REMOVED_IN):
+        rule = "V1 only (VLLM_USE_V1=0 is an error)"
+    else:
+        rule = f"sets VLLM_USE_V1={wanted}"
+    if wanted == "0" and v >= Version(V0_REMOVED_IN):
+        rule += "; NRL_VLLM_USE_V1=0 will fail at engine creation"
+    elif wanted == "0":
+        rule += "; the async engine (AsyncLLM) will refuse V0"
+    return f"NRL_VLLM_USE_V1={wanted}; vLLM {version}: {rule}"

@@ -1,0 +1,45 @@
+"""Small vLLM helpers shared by the vLLM quirks and `nrl-shim explain` (not a quirk; imports vLLM only when asked)."""
+
+import functools
+
+
+@functools.lru_cache(maxsize=None)
+def installed_version():
+    """The installed vLLM version string, or None (cached: importlib.metadata scans sys.path)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def version_at_least(minimum):
+    from packaging.version import Version
+
+    installed = installed_version()
+    return installed is not None and Version(installed) >= Version(minimum)
+
+
+def engine_args_of(instance, args):
+    """The EngineArgs a wrapped create_engine_config() was called on (bound call, or EngineArgs.create_engine_config(a))."""
+    return instance if instance is not None else (args[0] if args else None)
+
+
+def use_cpu_platform_if_no_device():
+    """Let the real EngineArgs.create_engine_config() run on a machine without an accelerator.
+
+    vLLM resolves no platform there ("Device string must not be empty"); its CPU platform builds the same config
+    objects. Must run before importing vLLM modules that bind `current_platform` at import (vllm.entrypoints.llm...).
+    Returns the platform's class name.
+    """
+    import vllm.platforms as platforms
+
+    current = platforms.current_platform
+    if type(current).__name__ == "UnspecifiedPlatform" or not getattr(current, "device_type", ""):
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+        return "CpuPlatform"
+    return type(current).__name__
