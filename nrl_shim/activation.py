@@ -6,7 +6,7 @@ import and only then loads wrapt and hands over to wrapt's post-import hooks (im
 
 import os
 import sys
-import threading
+import _thread  # not `threading`: it drags functools/collections into every interpreter start-up
 
 from . import registry
 from .errors import QuirkSkippedError, ShimError
@@ -24,7 +24,7 @@ class _State:
     skipped = set()  # quirk ids already warned about
 
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 
 
 def settings():

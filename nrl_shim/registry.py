@@ -10,7 +10,7 @@ A quirk module declares (ddtrace/OpenTelemetry style):
 Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
 """
 
-import importlib
+import sys
 
 QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_gemma_load_format",
@@ -71,8 +71,13 @@ def quirks():
     """All registered quirks, in registry order (imported once)."""
     global _QUIRKS
     if _QUIRKS is None:
-        _QUIRKS = tuple(Quirk(importlib.import_module(name)) for name in QUIRK_MODULES)
+        _QUIRKS = tuple(Quirk(_import(name)) for name in QUIRK_MODULES)
     return _QUIRKS
+
+
+def _import(name):
+    __import__(name)  # plain __import__: `importlib` itself is not loaded at interpreter start-up
+    return sys.modules[name]
 
 
 def quirk_ids():
