@@ -31,7 +31,7 @@ def _install(session: nox.Session, vllm: str) -> None:
 
 
 @nox.session(python="3.11")
-@nox.parametrize("vllm", list(VLLM_RELEASES))
+@nox.parametrize("vllm", [nox.param(v, tags=["ci"] if v in CI_RELEASES else []) for v in VLLM_RELEASES])
 def matrix(session: nox.Session, vllm: str) -> None:
     """Whole test suite against one pinned vLLM release."""
     _install(session, vllm)
