@@ -274,3 +274,36 @@ import json, nrl_shim, ray._private.worker as w
 print(json.dumps([layers(w.init), nrl_shim.activation.patched()]))
 """, env={"NRL_SHIM_DISABLE": "ray-propagate-env"})
     assert out == [0, []]
+
+
+def test_import_pulls_in_no_heavy_module():
+    out, _ = run_json("""
+import json, sys
+import nrl_shim
+print(json.dumps(sorted(m for m in ("torch", "vllm", "transformers", "numpy", "ray", "wrapt") if m in sys.modules)))
+""")
+    assert out == []
+
+
+def test_each_change_is_logged_once_with_before_after_and_why():
+    proc = run_python("""
+import nrl_shim
+from nrl_shim import report
+for _ in range(3):
+    report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", False, True, "see https://example.invalid/why")
+report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", None, True, "see https://example.invalid/why")
+""")
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("nrl_shim INFO:")]
+    assert lines == [
+        "nrl_shim INFO: [vllm-eager-recipes] EngineArgs.enforce_eager: False -> True (see https://example.invalid/why)",
+        "nrl_shim INFO: [vllm-eager-recipes] EngineArgs.enforce_eager: None -> True (see https://example.invalid/why)",
+    ]
+
+
+def test_log_level_setting_silences_info():
+    proc = run_python("""
+import nrl_shim
+from nrl_shim import report
+report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", False, True, "why")
+""", env={"NRL_SHIM_LOG_LEVEL": "WARNING"})
+    assert "nrl_shim INFO" not in proc.stderr
