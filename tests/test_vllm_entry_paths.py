@@ -1,0 +1,72 @@
+"""Every vLLM engine entry path reaches the shim through EngineArgs.create_engine_config() - checked on the REAL
+vLLM of this venv (0.8.5 ... 0.33.0): LLM(model=...), LLM("path"), EngineArgs / AsyncEngineArgs
+.create_engine_config(), AsyncLLM.from_engine_args, AsyncLLMEngine.from_engine_args (real V0 class up to 0.10.x, an
+alias of AsyncLLM later) and the OpenAI server (AsyncEngineArgs.from_cli_args + build_async_engine_client...).
+
+Each path runs in a fresh interpreter up to the config vLLM built (see vllm_child.py), for tiny gemma2, gemma3_text,
+gemma3 (multimodal) and llama configs, with the shim active and with the shim off.
+"""
+
+import pytest
+from vllm_helpers import (ALL_KINDS, ASYNC_PATHS, ENTRY_PATHS, GEMMA_KINDS, VLLM_VERSION, build, cpu_env,
+                          has_v1_variable, model_dirs, requires_vllm)
+
+pytestmark = requires_vllm
+RECIPE = "grpo-deepscaler-1.5b-8K"
+
+
+def _cases(dirs, kinds):
+    return [{"path": path, "model": dirs[kind], "kind": kind, "kwargs": {"load_format": "dummy"}}
+            for path in ENTRY_PATHS for kind in kinds]
+
+
+def _check_complete(results, kinds):
+    failed = [r for r in results if "error" in r]
+    assert not failed, f"entry paths that did not reach create_engine_config on vLLM {VLLM_VERSION}: {failed}"
+    assert {(r["path"], r["case"]["kind"]) for r in results} == {(p, k) for p in ENTRY_PATHS for k in kinds}
+    for r in results:
+        assert r["model_type"] == r["case"]["kind"]
+        assert r["args_type"] == ("AsyncEngineArgs" if r["path"] in ASYNC_PATHS else "EngineArgs"), r
+
+
+def test_every_entry_path_gets_every_config_fix(tmp_path):
+    dirs = model_dirs(tmp_path)
+    out, proc = build(_cases(dirs, ALL_KINDS), env=dict(cpu_env(), NRL_SHIM="1", NRL_SHIM_RECIPE=RECIPE))
+    results = out["results"]
+    _check_complete(results, ALL_KINDS)
+    for r in results:
+        gemma = r["case"]["kind"] in GEMMA_KINDS
+        assert r["load_format"] == ("auto" if gemma else "dummy"), r
+        assert r["args_enforce_eager"] is True and r["enforce_eager"] is True, r
+        if cpu_env() == {}:  # the V1 quirk is on in this child
+            assert r["VLLM_USE_V1"] == ("1" if has_v1_variable() else None), r
+    # One INFO line per change (the log de-duplicates repeats), naming the quirk and before -> after.
+    for kind in GEMMA_KINDS:
+        assert f"[vllm-gemma-load-format] vllm load_format for {kind} model '{dirs[kind]}': 'dummy' -> 'auto'" in proc.stderr
+    assert "vllm load_format for llama" not in proc.stderr
+    assert proc.stderr.count(f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}: False -> True") == 1
+
+
+def test_without_the_shim_every_entry_path_keeps_vllms_own_config(tmp_path):
+    kinds = ("gemma3", "llama")
+    dirs = model_dirs(tmp_path, kinds)
+    out, proc = build(_cases(dirs, kinds), env={"NRL_SHIM": "0", "NRL_SHIM_RECIPE": RECIPE})
+    assert out["phases"][0]["active"] is False
+    results = out["results"]
+    _check_complete(results, kinds)
+    for r in results:
+        assert r["load_format"] == "dummy", r
+        assert not r["args_enforce_eager"], r
+    assert "nrl_shim INFO" not in proc.stderr
+
+
+@pytest.mark.parametrize("disabled", ["*"])
+def test_disable_all_keeps_vllms_own_config(tmp_path, disabled):
+    # NRL_SHIM=1 but every quirk disabled: the same as no shim, on the entry paths that differ most.
+    dirs = model_dirs(tmp_path, ("gemma2",))
+    cases = [c for c in _cases(dirs, ("gemma2",)) if c["path"] in ("llm_positional", "async_llm", "openai_server")]
+    out, proc = build(cases, env={"NRL_SHIM": "1", "NRL_SHIM_DISABLE": disabled, "NRL_SHIM_RECIPE": RECIPE})
+    for r in out["results"]:
+        assert "error" not in r, r
+        assert r["load_format"] == "dummy" and not r["args_enforce_eager"], r
+    assert out["phases"][0]["patched"] == []

@@ -1,0 +1,79 @@
+"""Helpers for the vLLM tests: the installed release, tiny model configs, and a child-side driver that runs the REAL
+vLLM engine entry paths up to `EngineArgs.create_engine_config()` on this CPU-only machine.
+
+The child side is vllm_child.py. It selects vLLM's CPU platform (see ../shared/FACTS.md: without it
+create_engine_config fails with "Device string must not be empty") and records each config vLLM built.
+"""
+
+import json
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+from conftest import run_json
+from packaging.version import Version
+
+from nrl_shim._tiny_configs import CONFIGS, write_config
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    VLLM_VERSION = Version(version("vllm"))
+except PackageNotFoundError:
+    VLLM_VERSION = None
+
+requires_vllm = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed in this interpreter")
+
+ENTRY_PATHS = ("llm_kw", "llm_positional", "engine_args", "async_engine_args", "async_llm", "async_llm_engine",
+               "openai_server")
+ASYNC_PATHS = ("async_engine_args", "async_llm", "async_llm_engine", "openai_server")
+GEMMA_KINDS = ("gemma2", "gemma3_text", "gemma3")
+ALL_KINDS = tuple(CONFIGS)
+
+
+def has_v1_variable():
+    return VLLM_VERSION < Version("0.11.1")
+
+
+def has_v0_engine():
+    return VLLM_VERSION < Version("0.11.0")
+
+
+def cpu_has_v1():
+    # vLLM 0.8.x's V1 oracle rejects the CPU platform ("VLLM_USE_V1=1 is not supported with device type=cpu"):
+    # a limit of this test machine, not of GPUs.
+    return VLLM_VERSION >= Version("0.10")
+
+
+def cpu_env():
+    """Env for children that build configs: on 0.8.x the CPU platform only has V0, so leave VLLM_USE_V1 to vLLM."""
+    return {} if cpu_has_v1() else {"NRL_SHIM_DISABLE": "vllm-v1-runtime"}
+
+
+def model_dirs(tmp_path, kinds=ALL_KINDS):
+    return {kind: write_config(tmp_path / kind, kind) for kind in kinds}
+
+
+def build(cases, env=None, **kw):
+    """Run `cases` (dicts for run_case) in one fresh interpreter; return (results, CompletedProcess)."""
+    code = f"""
+        import sys
+        sys.path.insert(0, {TESTS_DIR!r})
+        import vllm_child
+        vllm_child.main()
+    """
+    return run_json(code, env=env, args=(json.dumps(cases),), **kw)
+
+
+HUB_ID = "google/gemma-3-1b-it"
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_hub_cache(root, kind="gemma3_text", repo_id=HUB_ID, commit=HUB_COMMIT, ref="main"):
+    """A huggingface_hub cache holding one snapshot of `repo_id` (config.json only), as hf downloads lay it out."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    write_config(repo / "snapshots" / commit, kind)
+    return str(root)
