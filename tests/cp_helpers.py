@@ -115,6 +115,22 @@ def tiny_gemma3(sliding_window=4, seed=0):
     return Gemma3ForCausalLM(config).eval()
 
 
+def tiny_gemma3_multimodal(seed=0):
+    """A tiny Gemma3ForConditionalGeneration (text + SigLIP vision tower), for a text-only forward."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    torch.manual_seed(seed)
+    text = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                            sliding_window=4)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=4)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127,
+                          boi_token_index=125, eoi_token_index=126, attn_implementation="sdpa")
+    return Gemma3ForConditionalGeneration(config).eval()
+
+
 def finish(results):
     print(json.dumps(results))
 

@@ -1,0 +1,117 @@
+"""cp-gemma3: a tiny Gemma-3 (built from a small config, no download) run inside a real context_parallel context (gloo,
+CPU, 1 and 2 ranks) gets the shim's error before any attention runs; a tiny Llama with SDPA gets no shim error (torch
+then fails on CPU with its own error); with the quirk disabled, what happens is what torch/transformers do."""
+
+import pytest
+
+from cp_helpers import TORCH_CPU_CP_ERRORS, is_torch_error, run
+
+ID = "cp-gemma3"
+BOTH = "cp-gemma3,cp-attention-mask"
+
+CODE = """
+import nrl_shim
+from cp_helpers import *
+import functools
+import torch
+
+rank, ws, mesh = init()
+WINDOW = 4
+gemma, llama = tiny_gemma3(sliding_window=WINDOW), tiny_llama()
+
+def forward(model, seq, cp=True):
+    ids = torch.arange(seq).view(1, seq) % 100
+    if not cp:
+        return model(input_ids=ids).logits
+    with context_parallel(mesh, ids):
+        return model(input_ids=ids).logits
+
+def attention_calls(fn):
+    # How many times SDPA was reached (the guard must fire before any attention runs).
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    @functools.wraps(original)  # CP re-installs F.<__name__>: keep the name
+    def counting(*a, **k):
+        calls.append(1)
+        return original(*a, **k)
+    import transformers.integrations.sdpa_attention as sdpa_module
+    sdpa_module.torch.nn.functional.scaled_dot_product_attention = counting
+    try:
+        return {"outcome": outcome(fn), "sdpa_calls": len(calls)}
+    finally:
+        sdpa_module.torch.nn.functional.scaled_dot_product_attention = original
+
+def cases():
+    settings = nrl_shim.settings()
+    results = {
+        # Longer than the window: the sliding layers pass a mask. Shorter: they pass none (local length under CP).
+        "gemma_short": attention_calls(lambda: forward(gemma, 2 * ws)),
+        "llama": outcome(lambda: forward(llama, 16)),
+        "gemma_outside": outcome(lambda: forward(gemma, 16, cp=False)),
+    }
+    if settings.is_enabled("cp-attention-mask"):  # unguarded, torch's masked DTensor CPU fallback takes minutes
+        results["gemma_long"] = outcome(lambda: forward(gemma, 16))
+    if settings.is_enabled("cp-gemma3"):
+        results["gemma_long_counted"] = attention_calls(lambda: forward(gemma, 16))
+        results["conditional_generation"] = outcome(lambda: forward(tiny_gemma3_multimodal(), 16))
+    results["sdpa_restored"] = sdpa_is_torchs()
+    return results
+
+finish(phases(cases))
+"""
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["ws1", "ws2"])
+def ranks(request):
+    order = [ID, "", BOTH] if request.param == 1 else ["", ID, BOTH]
+    return run(CODE, request.param, order, start_disabled=order[0])
+
+
+def assert_gemma_error(out, cls="Gemma3ForCausalLM"):
+    assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", out
+    msg = out["msg"]
+    assert msg.startswith(f"context parallel: {cls}.forward was called inside "
+                          "torch.distributed.tensor.experimental.context_parallel"), msg
+    assert "Gemma-3 cannot run under torch's context parallel" in msg and "sliding_window=4" in msg
+    assert "context-parallel size to 1" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
+
+
+def test_gemma3_forward_under_cp_raises_before_attention(ranks):
+    results = ranks
+    for rank in results:
+        on = rank["none"]
+        assert_gemma_error(on["gemma_long"])
+        assert_gemma_error(on["gemma_short"]["outcome"])
+        assert on["gemma_short"]["sdpa_calls"] == 0
+        assert_gemma_error(on["gemma_long_counted"]["outcome"])
+        assert on["gemma_long_counted"]["sdpa_calls"] == 0
+        assert_gemma_error(on["conditional_generation"], "Gemma3ForConditionalGeneration")
+
+
+def test_llama_sdpa_under_cp_gets_no_shim_error(ranks):
+    results = ranks
+    for rank in results:
+        for phase in ("none", ID, BOTH):
+            assert is_torch_error(rank[phase]["llama"], *TORCH_CPU_CP_ERRORS), (phase, rank[phase]["llama"])
+
+
+def test_without_the_quirk_gemma3_meets_torch(ranks):
+    results = ranks
+    for rank in results:
+        # Only cp-gemma3 off: long sequences still pass a mask, which cp-attention-mask reports.
+        long_ = rank[ID]["gemma_long"]
+        assert long_["shim"] and "was called with an attn_mask" in long_["msg"], long_
+        # Short sequences pass no mask: the call reaches torch, which fails on CPU with its own error.
+        for phase in (ID, BOTH):
+            short = rank[phase]["gemma_short"]
+            assert is_torch_error(short["outcome"], *TORCH_CPU_CP_ERRORS), (phase, short)
+            assert short["sdpa_calls"] >= 1  # the attention ran (into torch's error): the counter does count
+            assert "gemma_long_counted" not in rank[phase]
+
+
+def test_nothing_changes_outside_cp(ranks):
+    results = ranks
+    for rank in results:
+        for phase in ("none", ID, BOTH):
+            assert rank[phase]["gemma_outside"] == {"ok": True, "value": [1, 16, 128]}
+            assert rank[phase]["sdpa_restored"] is True
