@@ -1,0 +1,202 @@
+"""`nrl-shim explain`: build the REAL vLLM engine config with and without the shim and show each difference with the
+quirk that caused it.
+
+    nrl-shim explain --demo                      # tiny Gemma-3 config made on the fly, dummy load format, DeepScaleR recipe
+    nrl-shim explain --model PATH_OR_ID [--recipe NAME] [--load-format dummy] [--arg KEY=JSON ...] [--json]
+
+Each side runs in its own fresh interpreter (NRL_SHIM=1 / NRL_SHIM=0), so the shim is cleanly on or off, exactly as
+in a user's process. Without an accelerator, vLLM's CPU platform builds the config (the same EngineArgs code path;
+engine start-up itself is not attempted). Hub ids are resolved offline (HF_HUB_OFFLINE=1 unless you set it).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+DEMO_RECIPE = "grpo-deepscaler-1.5b-8K"
+DEMO_PREFIX = "demo:"
+V1_QUIRK = "vllm-v1-runtime"
+_ABSENT = "<absent>"
+_IGNORED = ("instance_id",)  # random per process
+# Config fields a quirk sets directly; anything else that differs follows from those.
+_DIRECT = {"load_config.load_format": "vllm-gemma-load-format", "model_config.enforce_eager": "vllm-eager-recipes"}
+# Derived from enforce_eager by vLLM (CUDA-graph capture sizes, compilation level/mode...).
+_DERIVED_PREFIXES = {"compilation_config.": "vllm-eager-recipes", "kernel_config.": "vllm-eager-recipes"}
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="nrl-shim explain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--demo", action="store_true", help="tiny Gemma-3 config written to a temp dir (no download)")
+    source.add_argument("--model", help="local model dir, cached hub id, or demo:gemma3 / demo:gemma3_text / "
+                                        "demo:gemma2 / demo:llama")
+    parser.add_argument("--recipe", help=f"recipe name for the eager quirk (the demo uses {DEMO_RECIPE})")
+    parser.add_argument("--load-format", help="vLLM load_format (the demo uses dummy)")
+    parser.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=JSON",
+                        help="any other EngineArgs field, value as JSON (or a plain string), e.g. --arg max_model_len=128")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per side (default 600)")
+    return parser
+
+
+def _engine_args(args, parser):
+    engine_args = {}
+    for item in args.arg:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            parser.error(f"--arg {item!r} is not valid; accepted: KEY=VALUE with KEY an EngineArgs field name")
+        try:
+            engine_args[key] = json.loads(raw)
+        except ValueError:
+            engine_args[key] = raw
+    if args.load_format:
+        engine_args["load_format"] = args.load_format
+    if args.revision:
+        engine_args["revision"] = args.revision
+    return engine_args
+
+
+def _materialize(args, parser, tmp):
+    """The model path to build, writing a tiny config for --demo / demo:KIND."""
+    from ._tiny_configs import CONFIGS, write_config
+
+    if args.demo:
+        kind = "gemma3"
+    elif args.model.startswith(DEMO_PREFIX):
+        kind = args.model[len(DEMO_PREFIX):]
+        if kind not in CONFIGS:
+            parser.error(f"--model {args.model!r} is not valid; accepted demo models: "
+                         + ", ".join(DEMO_PREFIX + k for k in CONFIGS))
+    else:
+        return args.model
+    return write_config(os.path.join(tmp, f"tiny-{kind}"), kind)
+
+
+def _side_env(shim_on, recipe, extra_disable=None):
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))  # children use this nrl_shim
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["NRL_SHIM"] = "1" if shim_on else "0"
+    if recipe:
+        env["NRL_SHIM_RECIPE"] = recipe
+    if extra_disable:
+        env["NRL_SHIM_DISABLE"] = ",".join(filter(None, [env.get("NRL_SHIM_DISABLE"), extra_disable]))
+    return env
+
+
+def _build(request, env, timeout):
+    proc = subprocess.run([sys.executable, "-m", "nrl_shim._explain_child", json.dumps(request)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = "\n".join((proc.stderr or "").strip().splitlines()[-15:])
+        return {"error": f"the config child failed (exit {proc.returncode}):\n{tail}", "changes": []}
+
+
+def _cpu_v1_artifact(result):
+    # vLLM <= 0.11.0's CPU backend refuses VLLM_USE_V1=1 for some features (all of V1 on 0.8.x, sliding windows):
+    # a limit of this machine, not of the GPU the user runs on.
+    return (result.get("platform") == "CpuPlatform" and result.get("error_type") == "NotImplementedError"
+            and "VLLM_USE_V1=1 is not supported" in result.get("error", ""))
+
+
+def compare(off, on):
+    """[(field, before, after, quirk, note)] for every difference between the two configs."""
+    rows = []
+    env_off = off.get("env", {}).get("VLLM_USE_V1", {}).get("at_import")
+    env_on = on.get("env", {}).get("VLLM_USE_V1", {}).get("at_import")
+    if env_off != env_on:
+        rows.append(("environment VLLM_USE_V1 (as vLLM was imported)", env_off, env_on, V1_QUIRK, ""))
+    a, b = off.get("config", {}), on.get("config", {})
+    changed_quirks = {c["quirk"] for c in on.get("changes", [])}
+    for key in sorted(set(a) | set(b)):
+        if key in _IGNORED or a.get(key) == b.get(key):
+            continue
+        quirk, note = _DIRECT.get(key), ""
+        if quirk is None:
+            cause = next((q for prefix, q in _DERIVED_PREFIXES.items() if key.startswith(prefix)), None)
+            if cause in changed_quirks:
+                quirk, note = cause, "follows from enforce_eager"
+            elif len(changed_quirks - {V1_QUIRK}) == 1:
+                quirk, note = next(iter(changed_quirks - {V1_QUIRK})), "follows from the change above"
+            else:
+                quirk, note = "?", "follows from the changes above"
+        rows.append((key, a.get(key, _ABSENT), b.get(key, _ABSENT), quirk, note))
+    return sorted(rows, key=lambda row: bool(row[4]))  # what the quirks set first, then what follows from it
+
+
+def _print_report(request, off, on, rows, notes):
+    out = sys.stdout.write
+    platform = on.get("platform") or off.get("platform")
+    where = " on vLLM's CPU platform (no accelerator here; same EngineArgs code path)" if platform == "CpuPlatform" else ""
+    out(f"nrl-shim explain: vLLM {on.get('vllm') or off.get('vllm')}{where}\n")
+    shown = ", ".join(f"{k}={v!r}" for k, v in request.get("engine_args", {}).items())
+    out(f"  EngineArgs(model={request['model']!r}{', ' + shown if shown else ''})"
+        f"   model_type: {on.get('model_type') or off.get('model_type')}\n")
+    if request.get("recipe"):
+        out(f"  recipe: {request['recipe']}\n")
+    for note in notes:
+        out(f"  note: {note}\n")
+    for side, result in (("without the shim", off), ("with the shim", on)):
+        if "error" in result:
+            out(f"\nvLLM could not build the config {side}:\n  {result['error']}\n")
+    out("\nWhat the shim changed (its log lines):\n")
+    quirks_with_rows = {row[3] for row in rows}
+    for change in on.get("changes", []) or [{"quirk": "-", "what": "nothing", "before": "", "after": "", "why": ""}]:
+        out(f"  [{change['quirk']}] {change['what']}: {change['before']!r} -> {change['after']!r}\n")
+        if change["quirk"] not in quirks_with_rows and change["quirk"] != "-" and "error" not in on:
+            out("      (the built config is the same either way here: vLLM already did this on this platform)\n")
+        if change["why"]:
+            out(f"      why: {change['why']}\n")
+    if "error" in off or "error" in on:
+        return
+    out("\nDifferences in the engine config vLLM built (without the shim -> with it):\n")
+    if not rows:
+        out("  none: the shim changes nothing for this model and these arguments\n")
+    width = max((len(r[0]) for r in rows), default=0)
+    def shown(value):
+        return value if value == _ABSENT else repr(value)
+
+    for key, before, after, quirk, note in rows:
+        out(f"  {key:<{width}}  {shown(before)} -> {shown(after)}   [{quirk}]{'  ' + note if note else ''}\n")
+    if rows:
+        out(f"{len(rows)} difference(s); each line names the quirk that caused it (nrl-shim doctor lists them).\n")
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    recipe = args.recipe or (DEMO_RECIPE if args.demo else None)
+    with tempfile.TemporaryDirectory(prefix="nrl-shim-explain-") as tmp:
+        model = _materialize(args, parser, tmp)
+        engine_args = _engine_args(args, parser)
+        if args.demo or (args.model or "").startswith(DEMO_PREFIX):
+            engine_args.setdefault("load_format", "dummy")
+        request = {"model": model, "engine_args": engine_args, "recipe": recipe}
+        with ThreadPoolExecutor(2) as pool:  # the two sides are independent: build them at the same time
+            off_future = pool.submit(_build, request, _side_env(False, recipe), args.timeout)
+            on = _build(request, _side_env(True, recipe), args.timeout)
+            off = off_future.result()
+        notes = []
+        if _cpu_v1_artifact(on):
+            notes.append(f"with VLLM_USE_V1=1 (set by {V1_QUIRK}) this vLLM's CPU backend refuses the config "
+                         f"({on['error'].split(': ', 1)[-1]}); a GPU has no such limit. The comparison below leaves "
+                         f"VLLM_USE_V1 to vLLM on both sides.")
+            on = _build(request, _side_env(True, recipe, V1_QUIRK), args.timeout)
+        rows = compare(off, on)
+    if args.json:
+        print(json.dumps({"request": request, "notes": notes, "without": off, "with": on,
+                          "differences": [dict(zip(("field", "before", "after", "quirk", "note"), r)) for r in rows]},
+                         default=str))
+    else:
+        _print_report(request, off, on, rows, notes)
+    return 1 if ("error" in on or "error" in off) else 0
