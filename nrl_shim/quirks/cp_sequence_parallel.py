@@ -5,6 +5,7 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 """
 
 import sys
+import threading
 import weakref
 
 ID = "cp-sequence-parallel"
@@ -21,6 +22,7 @@ TARGETS = (
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 
 _applied = weakref.WeakKeyDictionary()  # module parallelized with SP -> description for the error message
+_nested = threading.local()  # parallelize_module recurses for dict plans: record the outermost call only
 
 
 def _is_sp(style):
@@ -61,8 +63,13 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
     if paths and _torch_cp.active():
         raise _error(f"parallelize_module applied SequenceParallel to {_describe(module, mesh, paths)} inside "
                      "torch.distributed.tensor.experimental.context_parallel")
-    result = wrapped(*args, **kwargs)
-    if paths:
+    outermost = not getattr(_nested, "depth", 0)
+    _nested.depth = getattr(_nested, "depth", 0) + 1
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        _nested.depth -= 1
+    if paths and outermost:
         _applied[module] = _describe(module, mesh, paths)
     return result
 

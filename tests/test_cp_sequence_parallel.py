@@ -1,0 +1,102 @@
+"""cp-sequence-parallel: after parallelize_module applied a SequenceParallel style on a real mesh (gloo, CPU, 1 and 2
+ranks), entering a real context_parallel context raises the shim's error before any buffer is sharded, and applying
+SequenceParallel inside CP does too. Plain tensor parallel is not affected; with the quirk disabled torch enters CP
+without a word (torch's own behaviour, the silent combination NeMo RL issue #659 is about)."""
+
+import pytest
+
+from cp_helpers import run
+
+S = 16
+
+ID = "cp-sequence-parallel"
+
+CODE = """
+import gc
+import nrl_shim
+from cp_helpers import *
+import torch
+from torch import nn
+import torch.distributed.tensor.parallel as tp
+from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
+parallelize_module = lambda *a: tp.parallelize_module(*a)  # looked up at each call: the shim is re-activated between phases
+
+rank, ws, mesh = init()
+S = 16
+
+def sharded_inside_cp(fn=lambda: None):
+    ids = torch.arange(S).view(1, S)
+    seen = []
+    try:
+        with context_parallel(mesh, ids):
+            seen.append(list(ids.shape))
+            fn()
+    finally:
+        seen.append(torch.equal(ids, torch.arange(S).view(1, S)))  # buffers restored (or never sharded)
+    return seen
+
+def cases():
+    results = {}
+    block = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    results["tp_only_then_cp"] = outcome(lambda: (parallelize_module(block, mesh, {"0": ColwiseParallel()}),
+                                                  sharded_inside_cp())[1])
+    parallelize_module(block, mesh, {"1": SequenceParallel()})
+    results["sp_then_cp"] = outcome(sharded_inside_cp)
+    del block
+    gc.collect()
+    results["sp_module_gone_then_cp"] = outcome(sharded_inside_cp)
+    results["cp_then_sp"] = outcome(lambda: sharded_inside_cp(
+        lambda: parallelize_module(nn.LayerNorm(8), mesh, SequenceParallel())))
+    results["sdpa_restored"] = sdpa_is_torchs()
+    gc.collect()
+    return results
+
+finish(phases(cases))
+"""
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["ws1", "ws2"])
+def ranks(request):
+    order = [ID, ""] if request.param == 1 else ["", ID]
+    return request.param, run(CODE, request.param, order, start_disabled=order[0])
+
+
+def test_cp_after_sequence_parallel_raises_before_sharding(ranks):
+    world_size, results = ranks
+    for rank in results:
+        out = rank["none"]["sp_then_cp"]
+        assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", out
+        msg = out["msg"]
+        assert msg.startswith("context parallel + sequence parallel: torch.distributed.tensor.experimental."
+                              "context_parallel was entered in a process where parallelize_module applied "
+                              f"SequenceParallel to Sequential ('1') over a mesh of size {world_size}"), msg
+        assert "NeMo RL issue #659" in msg and "turn sequence parallel off" in msg
+        assert "context-parallel size to 1" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
+
+
+def test_sequence_parallel_inside_cp_raises(ranks):
+    world_size, results = ranks
+    for rank in results:
+        out = rank["none"]["cp_then_sp"]
+        assert out["shim"] and out["type"] == "UnsupportedConfigError", out
+        assert out["msg"].startswith("context parallel + sequence parallel: parallelize_module applied "
+                                     f"SequenceParallel to LayerNorm ('<the module itself>') over a mesh of size "
+                                     f"{world_size} inside torch.distributed.tensor.experimental.context_parallel")
+
+
+def test_plain_tp_and_released_sp_modules_are_not_affected(ranks):
+    world_size, results = ranks
+    for rank in results:
+        for phase in ("none", ID):
+            assert rank[phase]["tp_only_then_cp"] == {"ok": True, "value": [[1, S // world_size], True]}
+            assert rank[phase]["sp_module_gone_then_cp"] == {"ok": True, "value": [[1, S // world_size], True]}
+            assert rank[phase]["sdpa_restored"] is True
+
+
+def test_without_the_quirk_torch_enters_cp_silently(ranks):
+    world_size, results = ranks
+    for rank in results:
+        off = rank[ID]
+        assert off["sp_then_cp"] == {"ok": True, "value": [[1, S // world_size], True]}
+        assert off["cp_then_sp"] == {"ok": True, "value": [[1, S // world_size], True]}
+
