@@ -157,6 +157,8 @@ def run(code, world_size, phases_, start_disabled=""):
 # Errors torch itself raises for SDPA under CP on CPU (no CP handler for the CPU kernels): the spec's "sharding
 # strategy" one, and on torch <= 2.9 with transformers' arguments the math fallback's "mixed torch.Tensor and DTensor".
 TORCH_CPU_CP_ERRORS = ("does not have a sharding strategy registered", "got mixed torch.Tensor and DTensor")
+# What torch itself says when a mask reaches CP's SDPA (the errors the issue quotes).
+TORCH_MASK_ERRORS = ("Sharding dim 2 greater than tensor ndim 2", "Attempting to broadcast a dimension")
 
 
 def is_torch_error(out, *fragments):
