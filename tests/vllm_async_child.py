@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import json
 import os
-import sys
 from types import SimpleNamespace
 
 
@@ -213,7 +212,7 @@ async def scenario_caller_cancelled(engine):
 
 
 async def scenario_unbounded(engine, timeout):
-    # With the quirk disabled/off: a stall is not ours to end; an outer wait_for ends it instead.
+    # A stall: with the quirk on, ShimTimeoutError; disabled or off, nothing ends it but an outer wait_for.
     gen = engine.generate("hi", sampling_params(), "req-unbounded")
     feeder = asyncio.ensure_future(_feed(engine, "req-unbounded", [False]))
 
@@ -251,12 +250,6 @@ def main():
         "doc_kept": AsyncLLM.generate.__doc__ == original.__doc__,
         "request_id_param": list(inspect.signature(original).parameters).index("request_id"),
     }
-    if "--disabled" in sys.argv:
-        out["unbounded"] = run(scenario_unbounded, timeout)
-        nrl_shim.deactivate()  # deactivate() restores vLLM's own generate too
-        out["deactivated_wrapped"] = is_wrapped(AsyncLLM, "generate", "vllm-async-timeout")
-        print(json.dumps(out))
-        return
     out.update(
         complete=run(scenario_complete),
         keyword=run(scenario_keyword_request_id),
@@ -266,9 +259,19 @@ def main():
         early_break=run(scenario_early_break),
         cancelled=run(scenario_caller_cancelled),
     )
-    nrl_shim.deactivate()
+    nrl_shim.deactivate()  # restores vLLM's own generate
     out["deactivated_wrapped"] = is_wrapped(AsyncLLM, "generate", "vllm-async-timeout")
     out["after_deactivate"] = run(scenario_unbounded, timeout)
+    # Activated again from the environment, with the quirk disabled by NRL_SHIM_DISABLE: still vLLM's own generate.
+    os.environ["NRL_SHIM_DISABLE"] = "vllm-async-timeout"
+    nrl_shim.activate()
+    out["disabled_wrapped"] = is_wrapped(AsyncLLM, "generate", "vllm-async-timeout")
+    out["disabled"] = run(scenario_unbounded, timeout)
+    del os.environ["NRL_SHIM_DISABLE"]
+    nrl_shim.deactivate()
+    nrl_shim.activate()  # and enabled again: bounded again
+    out["reenabled_wrapped"] = is_wrapped(AsyncLLM, "generate", "vllm-async-timeout")
+    out["reenabled"] = run(scenario_unbounded, timeout)
     print(json.dumps(out))
 
 

@@ -7,7 +7,6 @@ create_engine_config fails with "Device string must not be empty") and records e
 
 import json
 import os
-import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import pytest
