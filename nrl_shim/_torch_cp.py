@@ -63,6 +63,15 @@ def uninstall(module, quirk_id):
             _sync_aliases()
 
 
+def torch_note():
+    """For doctor lines of the transformers-gated CP quirks: their torch side needs a verified torch too."""
+    try:
+        installed = _check_torch()
+    except Exception as exc:  # not installed, or outside the range: the torch side will be skipped
+        return f"; but {exc}"
+    return f"; torch {installed} is in {TORCH_VERSIONS}"
+
+
 def _check_torch():
     from importlib.metadata import version
 
@@ -71,6 +80,7 @@ def _check_torch():
     installed = version("torch")
     if not SpecifierSet(TORCH_VERSIONS).contains(installed.split("+")[0], prereleases=True):
         raise ImportError(f"torch {installed} is outside the verified range {TORCH_VERSIONS} for the context-parallel guards")
+    return installed
 
 
 def _is_real(module):

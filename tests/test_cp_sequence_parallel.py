@@ -69,7 +69,8 @@ def test_cp_after_sequence_parallel_raises_before_sharding(ranks):
         msg = out["msg"]
         assert msg.startswith("context parallel + sequence parallel: torch.distributed.tensor.experimental."
                               "context_parallel was entered in a process where parallelize_module applied "
-                              f"SequenceParallel to Sequential ('1') over a mesh of size {world_size}"), msg
+                              f"SequenceParallel to Sequential (submodules '1') over a mesh of size {world_size}. "), msg
+        assert "both shard activations along the sequence dimension" in msg
         assert "NeMo RL issue #659" in msg and "turn sequence parallel off" in msg
         assert "context-parallel size to 1" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
 
@@ -80,7 +81,7 @@ def test_sequence_parallel_inside_cp_raises(ranks):
         out = rank["none"]["cp_then_sp"]
         assert out["shim"] and out["type"] == "UnsupportedConfigError", out
         assert out["msg"].startswith("context parallel + sequence parallel: parallelize_module applied "
-                                     f"SequenceParallel to LayerNorm ('<the module itself>') over a mesh of size "
+                                     f"SequenceParallel to LayerNorm (the whole module) over a mesh of size "
                                      f"{world_size} inside torch.distributed.tensor.experimental.context_parallel")
 
 

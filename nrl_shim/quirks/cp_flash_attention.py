@@ -29,7 +29,8 @@ def _flash_guard(wrapped, instance, args, kwargs):
     from ..errors import UnsupportedConfigError
 
     query = args[0] if args else kwargs.get("query_states")
-    shape = f" (query of shape {tuple(query.shape)}, dtype {query.dtype})" if hasattr(query, "shape") else ""
+    shape = "" if not hasattr(query, "shape") else (
+        f" (query of shape {tuple(query.shape)} [batch, sequence, heads, head_dim], dtype {query.dtype})")
     raise UnsupportedConfigError(
         "context parallel: transformers' flash-attention path (attn_implementation=\"flash_attention_2\") was called "
         f"inside torch.distributed.tensor.experimental.context_parallel{shape}. torch's context parallel only shards "
@@ -75,4 +76,7 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    return f"transformers {version}: flash_attention_2 path inside context_parallel -> clear error (CP needs sdpa)"
+    from .. import _torch_cp
+
+    what = "flash_attention_2 path inside context_parallel -> clear error (CP needs sdpa)"
+    return f"transformers {version}: {what}{_torch_cp.torch_note()}"

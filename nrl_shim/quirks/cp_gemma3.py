@@ -34,9 +34,10 @@ def _forward_guard(wrapped, instance, args, kwargs):
         f"context parallel: {type(instance).__name__}.forward was called inside "
         f"torch.distributed.tensor.experimental.context_parallel{tokens}. Gemma-3 cannot run under torch's context "
         f"parallel: its sliding-window attention layers (sliding_window={window}) pass an attention mask to SDPA "
-        "whenever the sequence is longer than the window, and torch's context parallel only supports SDPA without a "
-        "mask (NeMo RL refuses Gemma-3 with CP for the same reason). What you can do: set the context-parallel size "
-        "to 1 for Gemma-3 models and use tensor parallelism and activation checkpointing for long sequences. "
+        "(always once the sequence is longer than the window), and torch's context parallel only supports SDPA "
+        "without a mask (NeMo RL refuses Gemma-3 with CP for the same reason). What you can do: set the "
+        "context-parallel size to 1 for Gemma-3 models and use tensor parallelism and activation checkpointing for "
+        "long sequences. "
         f"To skip this check: NRL_SHIM_DISABLE={ID}."
     )
 
@@ -65,4 +66,7 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    return f"transformers {version}: Gemma-3 forward inside context_parallel -> clear error before any attention runs"
+    from .. import _torch_cp
+
+    what = "Gemma-3 forward inside context_parallel -> clear error before any attention runs"
+    return f"transformers {version}: {what}{_torch_cp.torch_note()}"

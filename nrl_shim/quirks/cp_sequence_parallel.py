@@ -32,7 +32,7 @@ def _is_sp(style):
 def _sp_paths(plan):
     if isinstance(plan, dict):
         return [path for path, style in plan.items() if _is_sp(style)]
-    return ["<the module itself>"] if plan is not None and _is_sp(plan) else []
+    return [""] if plan is not None and _is_sp(plan) else []  # "": the module itself
 
 
 def _error(what):
@@ -40,17 +40,18 @@ def _error(what):
 
     return UnsupportedConfigError(
         f"context parallel + sequence parallel: {what}. Sequence parallel and torch's context parallel cannot be used "
-        "together: both shard activations along the sequence dimension, and torch's context parallel does not handle "
-        "activations that sequence parallel already sharded (a known limitation, NeMo RL issue #659). What you can "
-        "do: turn sequence parallel off (e.g. sequence_parallel: false; tensor parallel without it works with context "
-        "parallel), or set the context-parallel size to 1. "
+        "together: both shard activations along the sequence dimension (over different meshes), and the combination "
+        "is known to break (NeMo RL issue #659; NeMo RL refuses it). What you can do: turn sequence parallel off "
+        "(e.g. sequence_parallel: false; tensor parallel without it works with context parallel), or set the "
+        "context-parallel size to 1. "
         f"To skip this check: NRL_SHIM_DISABLE={ID}."
     )
 
 
 def _describe(module, mesh, paths):
     size = f"a mesh of size {mesh.size()}" if hasattr(mesh, "size") else "the current mesh"
-    return f"{type(module).__name__} ({', '.join(repr(p) for p in paths)}) over {size}"
+    where = "the whole module" if paths == [""] else "submodules " + ", ".join(repr(p) for p in paths)
+    return f"{type(module).__name__} ({where}) over {size}"
 
 
 def _parallelize_guard(wrapped, instance, args, kwargs):
