@@ -3,7 +3,7 @@ the shim's error; outside CP, and with the quirk disabled, torch behaves as it d
 
 import pytest
 
-from cp_helpers import TORCH_CPU_CP_ERRORS, is_torch_error, run
+from cp_helpers import TESTS_DIR, TORCH_CPU_CP_ERRORS, is_torch_error, run
 
 ID = "cp-attention-mask"
 
@@ -115,3 +115,23 @@ def test_nothing_changes_outside_cp_and_everything_is_restored(ranks):
             assert rank[phase]["sdpa_restored"] is True
             assert rank[phase]["cp_wrapped"] == [True, True]  # the other cp-* quirks keep the shared wrapper
         assert rank["after_deactivate"] == {"sdpa_restored": True, "cp_wrapped": [False, True]}
+
+
+@pytest.mark.parametrize("order", ["shim_first", "torch_first"])
+def test_import_order_and_no_extra_imports(order):
+    # torch's CP modules imported before or after activation: the real implementation gets the shared wrapper and the
+    # public name points at it; patching the torch side imports nothing from transformers.
+    from conftest import run_json
+
+    first, second = ("import nrl_shim", "import torch.distributed.tensor.experimental") if order == "shim_first" else (
+        "import torch.distributed.tensor.experimental", "import nrl_shim")
+    out, _ = run_json(f"""
+{first}
+{second}
+import json, sys
+sys.path.insert(0, {TESTS_DIR!r})
+from cp_helpers import cp_wrapped
+patched = sorted({{quirk for quirk, _module in nrl_shim.activation.patched() if quirk.startswith("cp-")}})
+print(json.dumps([cp_wrapped(), patched, "transformers" in sys.modules]))
+""")
+    assert out == [[True, True], ["cp-attention-mask", "cp-flash-attention", "cp-gemma3", "cp-sequence-parallel"], False]
