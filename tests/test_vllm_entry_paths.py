@@ -53,7 +53,10 @@ def test_every_entry_path_with_and_without_the_shim(tmp_path):
     for kind in GEMMA_KINDS:
         assert f"[vllm-gemma-load-format] vllm load_format for {kind} model '{dirs[kind]}': 'dummy' -> 'auto'" in proc.stderr
     assert "vllm load_format for llama" not in proc.stderr
-    assert proc.stderr.count(f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}:") == 1
+    eager_lines = [line for line in proc.stderr.splitlines()
+                   if f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}:" in line]
+    # 0.8.x: EngineArgs defaults enforce_eager to None, its CLI parser to False: two distinct changes, each logged once
+    assert eager_lines and len(eager_lines) == len(set(eager_lines)) <= 2, eager_lines
 
     assert off["active"] is False
     _check_complete(off["results"], off_kinds)
