@@ -80,7 +80,7 @@ def test_sequence_parallel_inside_cp_raises(ranks):
     for rank in results:
         out = rank["none"]["cp_then_sp"]
         assert out["shim"] and out["type"] == "UnsupportedConfigError", out
-        assert out["msg"].startswith("context parallel + sequence parallel: parallelize_module applied "
+        assert out["msg"].startswith("context parallel + sequence parallel: parallelize_module was asked to apply "
                                      f"SequenceParallel to LayerNorm (the whole module) over a mesh of size "
                                      f"{world_size} inside torch.distributed.tensor.experimental.context_parallel")
 

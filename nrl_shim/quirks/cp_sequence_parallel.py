@@ -40,8 +40,8 @@ def _error(what):
 
     return UnsupportedConfigError(
         f"context parallel + sequence parallel: {what}. Sequence parallel and torch's context parallel cannot be used "
-        "together: both shard activations along the sequence dimension (over different meshes), and the combination "
-        "is known to break (NeMo RL issue #659; NeMo RL refuses it). What you can do: turn sequence parallel off "
+        "together: both shard activations along the sequence dimension, and the combination is known "
+        "to break (NeMo RL issue #659; NeMo RL refuses it). What you can do: turn sequence parallel off "
         "(e.g. sequence_parallel: false; tensor parallel without it works with context parallel), or set the "
         "context-parallel size to 1. "
         f"To skip this check: NRL_SHIM_DISABLE={ID}."
@@ -62,8 +62,8 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
     plan = args[2] if len(args) > 2 else kwargs.get("parallelize_plan")
     paths = _sp_paths(plan)
     if paths and _torch_cp.active():
-        raise _error(f"parallelize_module applied SequenceParallel to {_describe(module, mesh, paths)} inside "
-                     "torch.distributed.tensor.experimental.context_parallel")
+        raise _error(f"parallelize_module was asked to apply SequenceParallel to {_describe(module, mesh, paths)} "
+                     "inside torch.distributed.tensor.experimental.context_parallel")
     outermost = not getattr(_nested, "depth", 0)
     _nested.depth = getattr(_nested, "depth", 0) + 1
     try:
