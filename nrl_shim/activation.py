@@ -1,7 +1,8 @@
 """Activation: settings -> registry -> patches applied when each target module is imported.
 
-Start-up path (NRL_SHIM=1, no target imported) is stdlib only: a tiny meta-path finder watches for the first target
-import and only then loads wrapt and hands over to wrapt's post-import hooks (importing wrapt costs ~59 ms).
+Start-up path (NRL_SHIM=1, no target imported) is stdlib only: a tiny meta-path finder watches for target imports;
+wrapt (~59 ms to import) is loaded by the first patch() that needs it. Targets imported before activation are
+patched by activate() itself.
 """
 
 import os
@@ -17,9 +18,9 @@ class _State:
     active = False
     settings = None
     exported_nrl_shim = False  # we set NRL_SHIM=1 ourselves (so children activate) and must remove it on deactivate
-    machinery = False  # wrapt loaded and hooks registered
-    registered = set()  # target module names with a wrapt post-import hook pending or fired
+    targets = frozenset()  # module names of the enabled quirks' targets
     patched = set()  # (quirk id, target module name) currently patched
+    applying = set()  # (quirk id, target module name) being patched by some thread right now
     gates = {}  # quirk id -> (applies, version, reason), computed on first target import
     skipped = set()  # quirk ids already warned about
 
@@ -53,19 +54,18 @@ def activate(settings=None):
                 os.environ["NRL_SHIM"] = "1"  # children (spawn, subprocess, Ray workers) inherit it and activate too
                 _State.exported_nrl_shim = True
             _State.settings, _State.active = settings, True
+            _State.targets = frozenset(name for quirk in _enabled_quirks() for name in quirk.targets)
             for quirk in _enabled_quirks():
                 if quirk.setup:
                     quirk.setup(settings)
-            if not _State.machinery and not any(name in sys.modules for name in _target_names()):
-                if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
-                    sys.meta_path.insert(0, _TargetFinder())
-                return settings
-        _load_machinery()
-        for quirk in _enabled_quirks():
-            for name in quirk.targets:
-                if name in sys.modules:
-                    _apply(quirk, sys.modules[name])
-        return _State.settings
+            if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
+                sys.meta_path.insert(0, _TargetFinder())
+        current = _State.settings
+    for quirk in _enabled_quirks():
+        for name in quirk.targets:
+            if name in sys.modules:
+                _apply(quirk, sys.modules[name])
+    return current
 
 
 def deactivate():
@@ -73,20 +73,22 @@ def deactivate():
     with _lock:
         if not _State.active:
             return
-        for quirk_id, name in sorted(_State.patched):
-            module = sys.modules.get(name)
-            if module is not None:
-                registry.get(quirk_id).unpatch(module)
-        for quirk in _enabled_quirks():
-            teardown = getattr(quirk.module, "teardown", None)
-            if teardown:
-                teardown()
+        quirks, done = _enabled_quirks(), sorted(_State.patched)
+        _State.active = False  # from here on, hooks that fire do nothing
         _State.patched.clear()
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TargetFinder)]
         if _State.exported_nrl_shim:
             os.environ.pop("NRL_SHIM", None)
             _State.exported_nrl_shim = False
-        _State.active, _State.settings = False, None
+        _State.settings = None
+    for quirk_id, name in done:
+        module = sys.modules.get(name)
+        if module is not None:
+            registry.get(quirk_id).unpatch(module)
+    for quirk in quirks:
+        teardown = getattr(quirk.module, "teardown", None)
+        if teardown:
+            teardown()
 
 
 def activate_on_import():
@@ -116,69 +118,101 @@ def _imported_by_site():
 
 
 def _enabled_quirks():
+    if _State.settings is None:
+        return []  # deactivated meanwhile (another thread)
     return [q for q in registry.quirks() if _State.settings.is_enabled(q.id)]
 
 
-def _target_names():
-    return {name for quirk in _enabled_quirks() for name in quirk.targets}
-
-
 class _TargetFinder:
-    """Watches imports until the first target module; never finds anything itself."""
+    """Post-import hooks for the quirks' target modules: finds the real spec and wraps its loader so that _on_import
+    runs right after the module executed.
+
+    Not wrapt's post-import hooks, on purpose: wrapt's finder calls importlib.util.find_spec, which imports the parent
+    package while the import system holds its global lock; when another thread is mid-way through importing that
+    parent, the two threads deadlock (seen here with 8 threads importing vLLM/torch/transformers targets). The import
+    system already hands us `path` (the parent's __path__), so we just ask the other finders with it.
+    """
 
     def find_spec(self, fullname, path=None, target=None):
-        if _State.machinery or not _State.active or fullname not in _target_names():
+        if fullname not in _State.targets or not _State.active:
             return None
-        _load_machinery()
-        # wrapt's finder was inserted into sys.meta_path after this import started, so hand it this import directly.
         for finder in sys.meta_path:
-            if type(finder).__module__ == "wrapt.importer":
-                return finder.find_spec(fullname, path, target)
+            if finder is self or isinstance(finder, _TargetFinder) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _NotifyingLoader(spec.loader)
+                return spec
         return None
 
     def invalidate_caches(self):
         pass
 
 
-def _load_machinery():
-    import wrapt
+class _NotifyingLoader:
+    """The real loader, plus a call to _on_import once the module has executed."""
 
-    with _lock:
-        _State.machinery = True
-        for name in sorted(_target_names() - _State.registered):
-            if name not in sys.modules:
-                _State.registered.add(name)
-                wrapt.register_post_import_hook(_on_import, name)
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):  # get_code, get_source, is_package, get_resource_reader ...
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # Put the real loader back first, so reload(), inspect and importlib.resources see the module as usual.
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _on_import(module)
+
+
+# Locking rule: _lock guards _State only and is never held across an import or a patch() call. Finders run under the
+# interpreter's global import lock, and patch() may import; holding _lock across either can deadlock threads that
+# import targets concurrently.
 
 
 def _on_import(module):
-    _State.registered.discard(module.__name__)  # wrapt fires a hook once; a later activate() may need it again
     with _lock:
         if not _State.active:
             return
-        for quirk in _enabled_quirks():
-            if module.__name__ in quirk.targets:
-                _apply(quirk, module)
+        quirks = [q for q in _enabled_quirks() if module.__name__ in q.targets]
+    for quirk in quirks:
+        _apply(quirk, module)
 
 
 def _apply(quirk, module):
-    if quirk.id not in _State.gates:
-        _State.gates[quirk.id] = quirk.gate()
-    applies, _version, reason = _State.gates[quirk.id]
-    if not applies:
-        return _skip(quirk, reason)
+    key = (quirk.id, module.__name__)
+    with _lock:
+        if not _State.active or key in _State.applying:
+            return  # another thread is applying this very fix right now
+        _State.applying.add(key)
     try:
-        quirk.patch(module)
-    except ShimError:
-        raise
-    except Exception as exc:  # never break the user's import over a fix we could not apply
-        return _skip(quirk, f"could not patch {module.__name__}: {type(exc).__name__}: {exc}")
-    _State.patched.add((quirk.id, module.__name__))
+        if quirk.id not in _State.gates:
+            _State.gates[quirk.id] = quirk.gate()
+        applies, _version, reason = _State.gates[quirk.id]
+        if not applies:
+            return _skip(quirk, reason)
+        try:
+            quirk.patch(module)
+        except ShimError:
+            raise
+        except Exception as exc:  # never break the user's import over a fix we could not apply
+            return _skip(quirk, f"could not patch {module.__name__}: {type(exc).__name__}: {exc}")
+        with _lock:
+            _State.patched.add(key)
+    finally:
+        with _lock:
+            _State.applying.discard(key)
 
 
 def _skip(quirk, reason):
     message = f"[{quirk.id}] fix skipped: {reason}"
-    if _State.settings.strict:
+    if _State.settings is not None and _State.settings.strict:
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")
     if quirk.id not in _State.skipped:
         _State.skipped.add(quirk.id)
