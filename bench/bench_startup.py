@@ -44,6 +44,12 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args()
     py = sys.executable
+    import importlib.util
+
+    origin = importlib.util.find_spec("nrl_shim").origin
+    cached = importlib.util.cache_from_source(origin)
+    print(f"nrl_shim from {os.path.dirname(origin)}; bytecode {'present' if os.path.exists(cached) else 'MISSING'}"
+          " (start-up figures assume an install that compiled it, as pip does by default)")
 
     off, on = paired([py, "-c", "pass"], _env(), [py, "-c", "pass"], _env(NRL_SHIM="1"), args.runs)
     print(f"1. interpreter start: NRL_SHIM unset {off * 1e3:.1f} ms, NRL_SHIM=1 {on * 1e3:.1f} ms "
@@ -64,7 +70,7 @@ def main():
     except ImportError:
         print("3. import torch: torch not installed, skipped")
         return
-    runs = max(5, args.runs // 4)
+    runs = max(10, args.runs // 2)
     bare, hooked = paired([py, "-c", "import torch"], _env(NRL_SHIM="0"), [py, "-c", "import torch"],
                           _env(NRL_SHIM="1"), runs)
     print(f"3. import torch: no hooks {bare * 1e3:.0f} ms, hooks registered {hooked * 1e3:.0f} ms "

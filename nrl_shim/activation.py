@@ -194,7 +194,12 @@ def _apply(quirk, module):
     try:
         if quirk.id not in _State.gates:
             _State.gates[quirk.id] = quirk.gate()
-        applies, _version, reason = _State.gates[quirk.id]
+        applies, version, reason = _State.gates[quirk.id]
+        if not applies and version is None:
+            # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
+            from . import report
+
+            return report.logger().debug("[%s] not applicable: %s", quirk.id, reason)
         if not applies:
             return _skip(quirk, reason)
         try:

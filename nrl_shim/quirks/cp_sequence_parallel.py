@@ -5,8 +5,6 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 """
 
 import sys
-import threading
-import weakref
 
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
@@ -21,8 +19,9 @@ TARGETS = (
 )
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 
-_applied = weakref.WeakKeyDictionary()  # module parallelized with SP -> description for the error message
-_nested = threading.local()  # parallelize_module recurses for dict plans: record the outermost call only
+# Made in patch(): threading/weakref are not worth importing at every interpreter start-up.
+_applied = None  # WeakKeyDictionary: module parallelized with SP -> description for the error message
+_nested = None  # threading.local: parallelize_module recurses for dict plans; record the outermost call only
 
 
 def _is_sp(style):
@@ -76,15 +75,22 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
 
 
 def _check_on_enter():
-    applied = list(_applied.values())
+    applied = list(_applied.values()) if _applied is not None else []
     if applied:
         raise _error("torch.distributed.tensor.experimental.context_parallel was entered in a process where "
                      f"parallelize_module applied SequenceParallel to {'; '.join(applied)}")
 
 
 def patch(module):
+    global _applied, _nested
+    import threading
+    import weakref
+
     from .. import _torch_cp
     from ..patching import wrap
+
+    if _applied is None:
+        _applied, _nested = weakref.WeakKeyDictionary(), threading.local()
 
     if module.__name__ != _API:
         return _torch_cp.install(module, ID, before=_check_on_enter)

@@ -8,7 +8,6 @@ and cancels the waiting task only when the stream really stalled (as asyncio.tim
 timeout error.
 """
 
-import asyncio
 import time
 
 ID = "vllm-async-timeout"
@@ -32,6 +31,8 @@ class _Watchdog:
 
     def start(self):
         """Schedule the timer (first wait, or first wait after the timer found the consumer busy elsewhere)."""
+        import asyncio  # here, not at the top: quirk modules load at every interpreter start-up
+
         self.loop = loop = asyncio.get_running_loop()
         self.task = asyncio.current_task(loop)
         self.handle = loop.call_at(self.deadline, self._fire)
@@ -74,6 +75,8 @@ def _owned_cancellation(watchdog):
 
 async def bounded(stream, engine, request_id, timeout):
     """Yield from `stream` (an async generator), with each wait for an item bounded by `timeout` seconds."""
+    from asyncio import CancelledError
+
     watchdog = _Watchdog(timeout)
     next_item = stream.__anext__
     now = _now
@@ -87,7 +90,7 @@ async def bounded(stream, engine, request_id, timeout):
                 item = await next_item()
             except StopAsyncIteration:
                 return
-            except asyncio.CancelledError:
+            except CancelledError:
                 if not _owned_cancellation(watchdog):
                     raise
                 watchdog.close()

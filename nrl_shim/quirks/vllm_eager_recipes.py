@@ -9,7 +9,6 @@ More patterns: NRL_SHIM_EAGER_RECIPES (comma list of globs), or an entry point i
 "nrl_shim.eager_recipes" whose object is a glob, an iterable of globs, or a mapping {glob: reason}.
 """
 
-import fnmatch
 import os
 import sys
 
@@ -116,6 +115,8 @@ def eager_reason(recipe, settings):
     table = dict(EAGER_RECIPES)
     table.update({glob: "listed in NRL_SHIM_EAGER_RECIPES" for glob in settings.eager_recipes})
     table.update(_plugin_patterns())
+    import fnmatch  # here, not at the top: it pulls in `re` at every interpreter start-up
+
     lowered = recipe.lower()
     for glob, reason in table.items():
         if fnmatch.fnmatchcase(lowered, glob.lower()):
