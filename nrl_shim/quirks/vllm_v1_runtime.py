@@ -12,7 +12,7 @@ import os
 
 ID = "vllm-v1-runtime"
 SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
-LINK = "https://github.com/vllm-project/vllm/issues/18571"
+LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.34"
 TARGETS = ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm")
