@@ -136,24 +136,16 @@ def fix_engine_args(engine_args, settings):
     report.changed(ID, f"vllm enforce_eager for recipe {recipe}", before, True, f"{reason}; {LINK}")
 
 
-def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
-    from .._vllm import engine_args_of
-    from ..activation import settings
-
-    fix_engine_args(engine_args_of(instance, args), settings())
-    return wrapped(*args, **kwargs)
-
-
 def patch(module):
-    from ..patching import wrap
+    from .._vllm import wrap_engine_config
 
-    wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+    wrap_engine_config(module, ID, fix_engine_args)
 
 
 def unpatch(module):
-    from ..patching import unwrap
+    from .._vllm import unwrap_engine_config
 
-    unwrap(module.EngineArgs, "create_engine_config", ID)
+    unwrap_engine_config(module, ID)
 
 
 def describe(settings, version):
