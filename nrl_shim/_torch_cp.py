@@ -17,8 +17,8 @@ import inspect
 import sys
 import threading
 
-# What was verified: 2.6, 2.7.1, 2.8, 2.9 (code in _attention.py) and 2.14 (code in _context_parallel/_attention.py).
-TORCH_VERSIONS = ">=2.6,<2.16"
+# The CP quirks gate on torch >=2.6,<2.16 (LIBRARY or ALSO_REQUIRES): verified 2.6, 2.7.1, 2.8, 2.9 (code in
+# _attention.py) and 2.14 (code in _context_parallel/_attention.py).
 LEGACY = "torch.distributed.tensor.experimental._attention"  # the real code on 2.6-2.9, a re-export stub on 2.10+
 CURRENT = "torch.distributed.tensor.experimental._context_parallel._attention"  # the real code on 2.10+
 TARGETS = (CURRENT, LEGACY)  # real module first, so the stub's names can be refreshed right after
@@ -40,7 +40,6 @@ def install(module, quirk_id, before=None, after=None):
     we do not know (the core turns that into a skip with one warning)."""
     from .patching import wrap
 
-    _check_torch()
     if not _is_real(module):
         _sync_aliases()  # the 2.10+ stub: the real module carries the wrapper; make the stub's name point at it
         return
@@ -61,26 +60,6 @@ def uninstall(module, quirk_id):
         if not _hooks and _is_real(module):
             unwrap(module, "context_parallel", _LAYER)
             _sync_aliases()
-
-
-def torch_note():
-    """For doctor lines of the transformers-gated CP quirks: their torch side needs a verified torch too."""
-    try:
-        installed = _check_torch()
-    except Exception as exc:  # not installed, or outside the range: the torch side will be skipped
-        return f"; but {exc}"
-    return f"; torch {installed} is in {TORCH_VERSIONS}"
-
-
-def _check_torch():
-    from importlib.metadata import version
-
-    from packaging.specifiers import SpecifierSet
-
-    installed = version("torch")
-    if not SpecifierSet(TORCH_VERSIONS).contains(installed.split("+")[0], prereleases=True):
-        raise ImportError(f"torch {installed} is outside the verified range {TORCH_VERSIONS} for the context-parallel guards")
-    return installed
 
 
 def _is_real(module):

@@ -3,6 +3,8 @@
 A quirk module declares (ddtrace/OpenTelemetry style):
     ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE), one line, upstream link
     LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
+    ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
+                               that acts through torch's context_parallel)
     TARGETS                 -- module names; patch(module) runs once each is imported (before or after activation)
     patch(module), unpatch(module)   -- idempotent; use nrl_shim.patching.wrap / unwrap
     setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
@@ -35,6 +37,7 @@ class Quirk:
         self.link = module.LINK
         self.library = module.LIBRARY
         self.versions = module.VERSIONS
+        self.also_requires = dict(getattr(module, "ALSO_REQUIRES", {}))
         self.targets = tuple(module.TARGETS)
         self.patch = module.patch
         self.unpatch = module.unpatch
@@ -45,23 +48,36 @@ class Quirk:
         return f"<Quirk {self.id} {self.library}{self.versions}>"
 
     def gate(self):
-        """(applies, installed version or None, reason). Imports importlib.metadata/packaging: call lazily."""
-        from importlib.metadata import PackageNotFoundError, version
+        """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed
+        at all (nothing to fix then). Imports importlib.metadata/packaging: call lazily."""
+        applies, installed, reason = _check(self.library, self.versions)
+        for library, versions in self.also_requires.items():
+            if not applies:
+                break
+            applies, other, why = _check(library, versions)
+            if not applies:
+                return False, installed if other is not None else None, why
+            reason += f"; {why}"
+        return applies, installed, reason
 
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import InvalidVersion, Version
 
-        try:
-            installed = version(self.library)
-        except PackageNotFoundError:
-            return False, None, f"{self.library} is not installed (or has no package metadata)"
-        try:
-            ok = SpecifierSet(self.versions).contains(Version(installed), prereleases=True)
-        except InvalidVersion:
-            return False, installed, f"{self.library} version {installed!r} is not a valid version; cannot tell if the fix applies"
-        if not ok:
-            return False, installed, f"{self.library} {installed} is outside the supported range {self.versions}"
-        return True, installed, f"{self.library} {installed} is in {self.versions}"
+def _check(library, versions):
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        installed = version(library)
+    except PackageNotFoundError:
+        return False, None, f"{library} is not installed (or has no package metadata)"
+    try:
+        ok = SpecifierSet(versions).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        return False, installed, f"{library} version {installed!r} is not a valid version; cannot tell if the fix applies"
+    if not ok:
+        return False, installed, f"{library} {installed} is outside the supported range {versions}"
+    return True, installed, f"{library} {installed} is in {versions}"
 
 
 _QUIRKS = None

@@ -323,3 +323,23 @@ from nrl_shim import report
 report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", False, True, "why")
 """, env={"NRL_SHIM_LOG_LEVEL": "WARNING"})
     assert "nrl_shim INFO" not in proc.stderr
+
+
+def test_also_requires_gates_on_a_second_library():
+    out, _ = run_json("""
+import json
+from importlib.metadata import version
+from nrl_shim import registry
+quirk = registry.get("cp-gemma3")              # transformers fix that acts through torch's context_parallel
+declared = quirk.also_requires
+applies = quirk.gate()[0]
+quirk.also_requires = {"torch": "<1"}          # a range the installed torch is outside of
+outside = quirk.gate()
+quirk.also_requires = {"no-such-dist-xyz": ">=0"}
+absent = quirk.gate()
+print(json.dumps([declared, applies, outside, absent, version("transformers"), version("torch")]))
+""")
+    declared, applies, outside, absent, transformers, torch = out
+    assert declared == {"torch": ">=2.6,<2.16"} and applies is True
+    assert outside == [False, transformers, f"torch {torch} is outside the supported range <1"]
+    assert absent == [False, None, "no-such-dist-xyz is not installed (or has no package metadata)"]

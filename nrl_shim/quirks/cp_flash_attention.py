@@ -12,6 +12,7 @@ SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequen
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
 VERSIONS = ">=4.51,<6"
+ALSO_REQUIRES = {"torch": ">=2.6,<2.16"}  # the guard acts through torch's context_parallel
 _UTILS = "transformers.modeling_flash_attention_utils"
 _NAME = "_flash_attention_forward"
 TARGETS = (
@@ -76,7 +77,5 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    from .. import _torch_cp
-
     what = "flash_attention_2 path inside context_parallel -> clear error (CP needs sdpa)"
-    return f"transformers {version}: {what}{_torch_cp.torch_note()}"
+    return f"transformers {version}: {what}"

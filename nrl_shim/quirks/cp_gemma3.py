@@ -8,6 +8,7 @@ SUMMARY = "inside context_parallel: a Gemma-3 forward raises a clear error befor
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
 VERSIONS = ">=4.51,<6"
+ALSO_REQUIRES = {"torch": ">=2.6,<2.16"}  # the guard acts through torch's context_parallel
 _MODELING = "transformers.models.gemma3.modeling_gemma3"
 TARGETS = (
     "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
@@ -66,7 +67,5 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    from .. import _torch_cp
-
     what = "Gemma-3 forward inside context_parallel -> clear error before any attention runs"
-    return f"transformers {version}: {what}{_torch_cp.torch_note()}"
+    return f"transformers {version}: {what}"
