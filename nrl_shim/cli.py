@@ -14,13 +14,12 @@ from .settings import VARIABLES, Settings
 LIBRARIES = ("vllm", "torch", "transformers", "ray", "wrapt", "packaging")
 
 
-def _version(dist):
-    from importlib.metadata import PackageNotFoundError, version
+def _library(name):
+    from .libraries import find
 
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
+    found = find(name, thorough=True)
+    return {"version": found.version, "distribution": found.distribution, "also_installed": list(found.others),
+            "text": found.describe()}
 
 
 def _env_activation_status():
@@ -43,7 +42,7 @@ def doctor(as_json=False):
     report = {
         "nrl_shim": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
-        "libraries": {name: _version(name) for name in LIBRARIES},
+        "libraries": {name: _library(name) for name in LIBRARIES},
         "settings": None,
         "settings_error": None,
         "quirks": [],
@@ -85,7 +84,7 @@ def _jsonable(value):
 
 def _print_doctor(report):
     print(f"nrl-shim {report['nrl_shim']} on Python {report['python']}")
-    print("libraries: " + ", ".join(f"{k} {v or '-'}" for k, v in report["libraries"].items()))
+    print("libraries: " + ", ".join(v["text"] for v in report["libraries"].values()))
     if report["settings_error"]:
         print(f"settings: INVALID: {report['settings_error']}")
     else:

@@ -62,22 +62,23 @@ class Quirk:
 
 
 def _check(library, versions):
-    from importlib.metadata import PackageNotFoundError, version
-
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
-    try:
-        installed = version(library)
-    except PackageNotFoundError:
-        return False, None, f"{library} is not installed (or has no package metadata)"
+    from .libraries import find
+
+    found = find(library)
+    installed = found.version
+    if installed is None:
+        return False, None, f"{library} is not installed (no distribution provides the `{library}` package)"
+    label = found.describe()
     try:
         ok = SpecifierSet(versions).contains(Version(installed), prereleases=True)
     except InvalidVersion:
-        return False, installed, f"{library} version {installed!r} is not a valid version; cannot tell if the fix applies"
+        return False, installed, f"{label}: {installed!r} is not a valid version; cannot tell if the fix applies"
     if not ok:
-        return False, installed, f"{library} {installed} is outside the supported range {versions}"
-    return True, installed, f"{library} {installed} is in {versions}"
+        return False, installed, f"{label} is outside the supported range {versions}"
+    return True, installed, f"{label} is in {versions}"
 
 
 _QUIRKS = None

@@ -31,3 +31,12 @@ def changed(quirk_id, what, before, after, why):
         return
     _seen.add(key)
     logger().info("[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
+
+
+def warn_once(quirk_id, key, message):
+    """Log one warning, once per process for the same (quirk, key)."""
+    marker = (quirk_id, "warning", key)
+    if marker in _seen:
+        return
+    _seen.add(marker)
+    logger().warning("%s", message)

@@ -75,6 +75,7 @@ VARIABLES = {
     "NRL_SHIM_RECIPE": ("recipe", _word, "", "recipe name (e.g. grpo-deepscaler-1.5b-8K); detected from --config when unset"),
     "NRL_SHIM_EAGER_RECIPES": ("eager_recipes", _words, "", "extra comma list of recipe globs that need enforce_eager=True"),
     "NRL_SHIM_GEMMA_LOAD_FORMAT": ("gemma_load_format", _choice(GEMMA_LOAD_FORMAT_MODES), "always", "always | affected (vLLM < 0.9.2 only) | off"),
+    "NRL_SHIM_RAY_SHIP": ("ray_ship", _bool, "1", "1: ship the shim to every Ray worker of the job (py_modules + worker setup hook); 0: NRL_* env_vars only"),
     "NRL_VLLM_USE_V1": ("vllm_use_v1", _bool, "1", "1: vLLM V1 engine; 0: V0 (vLLM < 0.11 only; never with the async engine)"),
     "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": ("async_timeout_s", _seconds, "600", "max wait for each next output of an async rollout"),
 }
@@ -127,6 +128,7 @@ _DEFAULTS = {
     "recipe": None,
     "eager_recipes": (),
     "gemma_load_format": "always",
+    "ray_ship": True,
     "vllm_use_v1": True,
     "async_timeout_s": 600.0,
 }

@@ -1,7 +1,8 @@
-"""Activate nrl-shim in every interpreter of an image where a .pth file can't be used (e.g. site-packages is
-read-only or pruned), by putting this directory on PYTHONPATH. Chains to the sitecustomize it shadows."""
+"""Start-up hook for interpreters that can't use the installed nrl_shim.pth: a Ray worker's own venv, an image whose
+site-packages is read-only or pruned. Put this directory on PYTHONPATH (the Ray worker hook does it for the worker's
+children) and every Python process started with NRL_SHIM=1 activates the shim. Chains to the sitecustomize it
+shadows, so an image's own sitecustomize still runs. Stdlib only: it runs at every interpreter start-up."""
 
-import importlib.util
 import os
 import sys
 
@@ -14,6 +15,8 @@ def _chain_to_shadowed_sitecustomize():
             continue
         candidate = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(candidate):
+            import importlib.util
+
             spec = importlib.util.spec_from_file_location("_shadowed_sitecustomize", candidate)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
