@@ -37,7 +37,8 @@ def test_import_activates_in_either_order(order):
 import json, ray._private.worker as w
 print(json.dumps([nrl_shim.is_active(), layers(w.init), ray.init is w.init, nrl_shim.activation.patched()]))
 """)
-    assert out == [True, 1, True, [["ray-propagate-env", "ray._private.worker"]]]
+    assert out == [True, 1, True, [["ray-propagate-env", name] for name in ("ray._private.worker", "ray.actor",
+                                                                            "ray.remote_function")]]
 
 
 def test_activate_idempotent_deactivate_restores_and_reactivates():
@@ -156,9 +157,11 @@ for quirk in registry.quirks():
     quirk.patch = counting
 # Imported first, in this thread, because they break under concurrent import even without the shim: torch's C
 # extension aborts ("generic_type: cannot initialize type ... already defined"), and torch.distributed.tensor.
-# experimental <-> ._attention is an import cycle that Python reports as _DeadlockError. The other targets (vLLM,
-# transformers, torch's parallelize_module, Ray) are then imported by 8 threads at once.
-import torch, torch.distributed.tensor.experimental
+# experimental <-> ._attention is an import cycle that Python reports as _DeadlockError; Ray's package and its
+# ray.actor / ray.remote_function / ray._private.worker import each other (ImportError "partially initialized
+# module" or _DeadlockError with 8 threads, shim or not). The other targets (vLLM, transformers, torch's
+# parallelize_module) are then imported by 8 threads at once.
+import torch, torch.distributed.tensor.experimental, ray
 targets = sorted({t for q in registry.quirks() for t in q.targets})
 errors, barrier = [], threading.Barrier(8)
 def worker(i):
@@ -342,4 +345,4 @@ print(json.dumps([declared, applies, outside, absent, version("transformers"), v
     declared, applies, outside, absent, transformers, torch = out
     assert declared == {"torch": ">=2.6,<2.16"} and applies is True
     assert outside == [False, transformers, f"torch {torch} is outside the supported range <1"]
-    assert absent == [False, None, "no-such-dist-xyz is not installed (or has no package metadata)"]
+    assert absent == [False, None, "no-such-dist-xyz is not installed (no distribution provides the `no-such-dist-xyz` package)"]

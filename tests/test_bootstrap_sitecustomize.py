@@ -1,4 +1,5 @@
-"""sitecustomize_example/: activation for images where a .pth can't be used, chaining to an existing sitecustomize."""
+"""nrl_shim/_bootstrap/sitecustomize.py: activation where a .pth can't be used (a Ray worker's own venv and its
+children, a pruned image), chaining to an existing sitecustomize."""
 
 import json
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from conftest import SOURCE_ROOT, child_env
 
-EXAMPLE = Path(SOURCE_ROOT) / "sitecustomize_example"
+EXAMPLE = Path(SOURCE_ROOT) / "nrl_shim" / "_bootstrap"
 
 
 def test_sitecustomize_activates_and_chains(tmp_path):
