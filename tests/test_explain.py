@@ -54,7 +54,7 @@ def test_demo_report_text(capsys):
     explain._print_report(out["request"], out["without"], out["with"], rows, out["notes"])
     text = capsys.readouterr().out
     assert "What the shim changed (its log lines):" in text
-    assert "[vllm-gemma-load-format] vllm load_format for gemma3 model" in text
+    assert "[vllm-gemma-load-format] vllm load_format for gemma3_text model" in text
     assert "load_config.load_format" in text and "'dummy' -> 'auto'   [vllm-gemma-load-format]" in text
     assert f"{len(rows)} difference(s)" in text
 

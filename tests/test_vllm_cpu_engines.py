@@ -100,12 +100,3 @@ def test_async_streams_complete_and_one_cancelled_leaves_the_others(models, tmp_
     assert cancelled[3].startswith("CancelledError")
     assert cancelled[:3] + cancelled[4:] == reference[:3] + reference[4:]
     assert out["unfinished"] == 0
-
-
-def test_explain_demo_on_the_cpu_build():
-    cli = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
-    proc = subprocess.run([cli, "explain", "--demo", "--json"], env=child_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout)
-    assert "vllm-gemma-load-format" in json.dumps(report)
