@@ -62,15 +62,18 @@ def _package_location(name: str) -> str | None:
     return os.path.realpath(origin) if origin else None
 
 
-def _provides_file(distribution: str, location: str, name: str) -> bool:
+def _owner(distribution: str, location: str, name: str) -> str | None:
+    """The distribution's own name when its files include `location` (the package's __init__), else None."""
     from importlib.metadata import PackageNotFoundError, distribution as get_distribution
 
     try:
         dist = get_distribution(distribution)
     except PackageNotFoundError:
-        return False
+        return None
     relative = os.path.join(name, os.path.basename(location))
-    return os.path.realpath(str(dist.locate_file(relative))) == location
+    if os.path.realpath(str(dist.locate_file(relative))) != location:
+        return None
+    return dist.metadata["Name"] or distribution
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,14 +87,15 @@ def find(name: str, thorough: bool = False) -> Library:
     location = _package_location(name)
     if location is None and not thorough:
         return Library(name, None, None)  # not importable here: whatever metadata lies around, nothing to fix
-    if not thorough and _provides_file(name, location, name):
-        return Library(name, version(name), name)
+    quick = None if thorough else _owner(name, location, name)
+    if quick is not None:
+        return Library(name, version(name), quick)
     candidates = _providers().get(name, [])
     if not candidates:
         return Library(name, None, None)
     chosen = candidates[0]
     if len(candidates) > 1 and location is not None:
-        chosen = next((d for d in candidates if _provides_file(d, location, name)), chosen)
+        chosen = next((d for d in candidates if _owner(d, location, name)), chosen)
     try:
         installed = version(chosen)
     except PackageNotFoundError:  # metadata vanished between the scan and now (an uninstall running meanwhile)

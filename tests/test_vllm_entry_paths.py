@@ -7,7 +7,7 @@ Each path runs in a fresh interpreter up to the config vLLM built (see vllm_chil
 gemma3 (multimodal) and llama configs, with the shim active and with the shim off.
 """
 
-from vllm_helpers import (ALL_KINDS, ASYNC_PATHS, ENTRY_PATHS, GEMMA_KINDS, VLLM_VERSION, build, cpu_env,
+from vllm_helpers import (ALL_KINDS, ASYNC_PATHS, ENTRY_PATHS, GEMMA3_KIND, GEMMA_KINDS, VLLM_VERSION, build, cpu_env,
                           has_v1_variable, model_dirs, requires_vllm)
 
 pytestmark = requires_vllm
@@ -31,7 +31,7 @@ def _check_complete(results, kinds):
 def test_every_entry_path_with_and_without_the_shim(tmp_path):
     dirs = model_dirs(tmp_path)
     env = dict(cpu_env(), NRL_SHIM="1", NRL_SHIM_RECIPE=RECIPE)
-    off_kinds = ("gemma3", "llama")
+    off_kinds = (GEMMA3_KIND, "llama")
     spec = {"phases": [
         {"cases": _cases(dirs, ALL_KINDS)},  # activated at interpreter start-up, before vLLM was imported
         # deactivate(): every entry path is back to vLLM's own behaviour (NRL_SHIM=0 from the start is covered by
@@ -65,5 +65,5 @@ def test_every_entry_path_with_and_without_the_shim(tmp_path):
 
     _check_complete(again["results"], off_kinds)
     for r in again["results"]:
-        assert r["load_format"] == ("auto" if r["case"]["kind"] == "gemma3" else "dummy"), r
+        assert r["load_format"] == ("auto" if r["case"]["kind"] == GEMMA3_KIND else "dummy"), r
         assert r["args_enforce_eager"] is True, r

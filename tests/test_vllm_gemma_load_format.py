@@ -9,7 +9,7 @@ import json
 
 import pytest
 from packaging.version import Version
-from vllm_helpers import (GEMMA_KINDS, HUB_COMMIT, HUB_ID, VLLM_VERSION, build, cpu_env, fake_hub_cache, model_dirs,
+from vllm_helpers import (GEMMA3_KIND, GEMMA_KINDS, HUB_COMMIT, HUB_ID, VLLM_VERSION, build, cpu_env, fake_hub_cache, model_dirs,
                           requires_vllm)
 
 from nrl_shim import hf_config
@@ -118,13 +118,13 @@ def test_real_engine_config_in_every_mode(tmp_path):
 
     every_kind = [case(kind, path) for kind, path in dirs.items()]
     extra = [
-        case("gemma3:auto", dirs["gemma3"], "auto"),
-        case("gemma3:safetensors", dirs["gemma3"], "safetensors"),
+        case("gemma3:auto", dirs[GEMMA3_KIND], "auto"),
+        case("gemma3:safetensors", dirs[GEMMA3_KIND], "safetensors"),
         case("hub-id", HUB_ID),  # resolved offline through HF_HUB_CACHE, by vLLM and by the shim
         case("llama-as-gemma2", dirs["llama"], hf_overrides={"model_type": "gemma2"}),
     ]
     if VLLM_VERSION < Version("0.10.1"):  # LoadFormat is a str-enum there
-        extra.append(dict(case("gemma3:enum", dirs["gemma3"]), load_format_enum=True))
+        extra.append(dict(case("gemma3:enum", dirs[GEMMA3_KIND]), load_format_enum=True))
     base = dict(cpu_env(), HF_HUB_CACHE=hub, HF_HUB_OFFLINE="1", NRL_SHIM="1")
     disable = ",".join(filter(None, [cpu_env().get("NRL_SHIM_DISABLE"), quirk.ID]))
     spec = {"phases": [
