@@ -42,13 +42,16 @@ def patched():
     return sorted(_State.patched)
 
 
-def activate(settings=None):
+def activate(settings=None, how="nrl_shim.activate()"):
     """Activate the shim in this process (idempotent) and return the effective Settings.
 
     Calling it again re-applies fixes that were lost (e.g. after importlib.reload of a target module).
+    `how` names the trigger in the DEBUG line that says the shim is active.
     """
+    announce = False
     with _lock:
         if not _State.active:
+            announce = True
             settings = settings or Settings.from_env(known_ids=registry.quirk_ids())
             if os.environ.get("NRL_SHIM") != "1":
                 os.environ["NRL_SHIM"] = "1"  # children (spawn, subprocess, Ray workers) inherit it and activate too
@@ -61,11 +64,21 @@ def activate(settings=None):
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _TargetFinder())
         current = _State.settings
+    if announce and current.log_level <= 10:  # checked first: `logging` stays off the start-up path otherwise
+        _announce(current, how)
     for quirk in _enabled_quirks():
         for name in quirk.targets:
             if name in sys.modules:
                 _apply(quirk, sys.modules[name])
     return current
+
+
+def _announce(current, how):
+    from . import __version__, report
+
+    enabled = [q.id for q in registry.quirks() if current.is_enabled(q.id)]
+    report.logger().debug("active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
+                          __version__, os.getpid(), sys.executable, how, ", ".join(enabled) or "none")
 
 
 def deactivate():
@@ -98,10 +111,11 @@ def activate_on_import():
         return
     if os.path.basename(sys.argv[0] if sys.argv else "") == "nrl-shim":
         return  # the CLI validates and reports settings itself (doctor, run) and patches nothing in its own process
+    by_site = _imported_by_site()
     try:
-        activate()
+        activate(how=by_site or "import nrl_shim")
     except ShimError as err:
-        if not _imported_by_site():
+        if not by_site:
             raise
         sys.stderr.write(f"nrl-shim: error: {err}\n")
         sys.stderr.flush()
@@ -109,12 +123,16 @@ def activate_on_import():
 
 
 def _imported_by_site():
+    """How the interpreter's start-up imported us (NRL_SHIM=1 via the .pth, or a sitecustomize), or None."""
     frame = sys._getframe()
     while frame is not None:
-        if frame.f_globals.get("__name__") in ("site", "sitecustomize"):
-            return True
+        name = frame.f_globals.get("__name__")
+        if name == "site":
+            return "NRL_SHIM=1 at interpreter start-up (nrl_shim.pth)"
+        if name == "sitecustomize":
+            return f"NRL_SHIM=1 at interpreter start-up ({frame.f_globals.get('__file__')})"
         frame = frame.f_back
-    return False
+    return None
 
 
 def _enabled_quirks():

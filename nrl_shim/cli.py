@@ -1,4 +1,9 @@
-"""nrl-shim command line: `doctor` (what applies here and why), `run -- CMD` (launcher), `explain` (vLLM demo)."""
+"""nrl-shim command line: `doctor` (what applies here and why), `run -- CMD` (launcher), `explain` (vLLM demo).
+
+Exit status: 0 success; 1 doctor found the shim unusable here (invalid settings, env activation broken); 2 bad command
+line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (version out of range);
+`run` otherwise exits with the command's own status.
+"""
 
 import argparse
 import json
@@ -38,7 +43,29 @@ def _env_activation_status():
     return {"pth": pth, "working": working, "detail": detail}
 
 
-def doctor(as_json=False):
+# Doctor's states for a fix: what a user needs to know before launching.
+APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
+EXIT_OK, EXIT_UNUSABLE, EXIT_USAGE, EXIT_STRICT = 0, 1, 2, 3
+
+
+def _quirk_entry(quirk, settings):
+    entry = {"id": quirk.id, "summary": quirk.summary, "library": quirk.library, "versions": quirk.versions,
+             "link": quirk.link}
+    if settings is not None and not settings.is_enabled(quirk.id):
+        entry["status"], entry["reason"] = DISABLED, "listed in NRL_SHIM_DISABLE"
+        return entry
+    applies, version, reason = quirk.gate()
+    if not applies:
+        entry["status"], entry["reason"] = (NOT_INSTALLED if version is None else OUT_OF_RANGE), reason
+        return entry
+    idle = quirk.idle(settings, version) if settings is not None and quirk.idle else None
+    entry["status"], entry["reason"] = (IDLE, f"{reason}; nothing to do: {idle}") if idle else (APPLIES, reason)
+    if not idle and settings is not None and quirk.describe:
+        entry["detail"] = quirk.describe(settings, version)
+    return entry
+
+
+def doctor(as_json=False, strict=False):
     report = {
         "nrl_shim": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
@@ -50,28 +77,24 @@ def doctor(as_json=False):
     }
     try:
         settings = Settings.from_env(known_ids=registry.quirk_ids())
-        report["settings"] = {name: os.environ.get(name) for name in VARIABLES} | {"effective": settings.as_dict()}
+        report["settings"] = {"set": {name: os.environ.get(name) for name in VARIABLES},
+                              "effective": settings.as_environment()}
     except ShimError as err:
         settings = None
         report["settings_error"] = str(err)
-    for quirk in registry.quirks():
-        entry = {"id": quirk.id, "summary": quirk.summary, "library": quirk.library, "versions": quirk.versions,
-                 "link": quirk.link}
-        if settings is not None and not settings.is_enabled(quirk.id):
-            entry["status"], entry["reason"] = "disabled", "listed in NRL_SHIM_DISABLE"
-        else:
-            applies, version, reason = quirk.gate()
-            entry["status"], entry["reason"] = ("applies" if applies else "skipped"), reason
-            if applies and settings is not None and quirk.describe:
-                entry["detail"] = quirk.describe(settings, version)
-        report["quirks"].append(entry)
-
+    report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
+    if report["settings_error"] is not None or not report["env_activation"]["working"]:
+        status = EXIT_UNUSABLE
+    elif strict and any(q["status"] == OUT_OF_RANGE for q in report["quirks"]):
+        status = EXIT_STRICT
+    else:
+        status = EXIT_OK
+    report["exit_status"] = status
     if as_json:
         print(json.dumps(_jsonable(report), indent=2, sort_keys=True))
     else:
-        _print_doctor(report)
-    ok = report["settings_error"] is None and report["env_activation"]["working"]
-    return 0 if ok else 1
+        _print_doctor(report, strict)
+    return status
 
 
 def _jsonable(value):
@@ -82,25 +105,35 @@ def _jsonable(value):
     return value
 
 
-def _print_doctor(report):
+def _print_doctor(report, strict=False):
     print(f"nrl-shim {report['nrl_shim']} on Python {report['python']}")
     print("libraries: " + ", ".join(v["text"] for v in report["libraries"].values()))
     if report["settings_error"]:
         print(f"settings: INVALID: {report['settings_error']}")
     else:
-        print("settings:")
-        for name, value in report["settings"].items():
-            if name != "effective":
-                print(f"  {name}={value if value is not None else '(unset)'}")
-        print("  effective: " + ", ".join(f"{k}={v!r}" for k, v in report["settings"]["effective"].items()))
-    print("quirks:")
+        set_here = {k: v for k, v in report["settings"]["set"].items() if v is not None}
+        print("settings set here: " + (" ".join(f"{k}={v}" for k, v in set_here.items()) or "none"))
+        print("effective settings:")
+        for name, value in report["settings"]["effective"].items():
+            print(f"  {name}={value}")
+    print("fixes:")
     width = max(len(q["id"]) for q in report["quirks"])
+    state_width = max(len(q["status"]) for q in report["quirks"])
     for q in report["quirks"]:
-        print(f"  {q['id']:<{width}}  {q['status']:<8}  {q['reason']}")
+        print(f"  {q['id']:<{width}}  {q['status']:<{state_width}}  {q['reason']}")
         if q.get("detail"):
-            print(f"  {'':<{width}}            {q['detail']}")
+            print(f"  {'':<{width}}  {'':<{state_width}}  {q['detail']}")
     act = report["env_activation"]
     print(f"env activation: .pth {act['pth'] or 'NOT installed'}; {act['detail']}")
+    status = report["exit_status"]
+    if status == EXIT_UNUSABLE:
+        print("verdict: NOT ready (exit 1): fix the settings or the install above")
+    elif status == EXIT_STRICT:
+        print("verdict: a fix would be skipped for its version (exit 3, --strict)")
+    else:
+        skipped = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
+        print("verdict: ready" + (f"; skipped for their version: {', '.join(skipped)} (--strict makes that exit 3)"
+                                  if skipped else ""))
 
 
 def run(command):
@@ -123,11 +156,20 @@ def run(command):
         return 127
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad command lines get one line naming what is wrong, and exit status 2 (no usage dump, no traceback)."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="nrl-shim", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineErrorParser(prog="nrl-shim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"nrl-shim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
     doc = sub.add_parser("doctor", help="versions, effective settings, which fixes apply here and why")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
+    doc.add_argument("--strict", action="store_true", help="exit 3 when a fix would be skipped for its version")
     sub.add_parser("run", help="run a command with the shim active in it and all its children: run -- CMD ...")
     sub.add_parser("explain", help="show what the shim changes in a real vLLM engine config", add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -138,8 +180,8 @@ def main(argv=None):
 
         return explain_main(rest)
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return doctor(as_json=args.json)
+        doc.error(f"unrecognized arguments: {' '.join(rest)}")
+    return doctor(as_json=args.json, strict=args.strict)
 
 
 if __name__ == "__main__":

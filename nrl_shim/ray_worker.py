@@ -24,7 +24,7 @@ def setup() -> None:
     """The hook: activate the shim in this worker, make its children activate too, then run the user's own hook."""
     import nrl_shim
 
-    nrl_shim.activate()
+    nrl_shim.activate(how="the Ray worker setup hook (ray-propagate-env)")
     _export_to_children()
     _note_installed_copy(nrl_shim.__version__)
     chained = os.environ.get(CHAINED_HOOK_VAR)

@@ -9,6 +9,7 @@ A quirk module declares (ddtrace/OpenTelemetry style):
     patch(module), unpatch(module)   -- idempotent; use nrl_shim.patching.wrap / unwrap
     setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
+    idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here
 Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
 """
 
@@ -43,6 +44,7 @@ class Quirk:
         self.unpatch = module.unpatch
         self.setup = getattr(module, "setup", None)
         self.describe = getattr(module, "describe", None)
+        self.idle = getattr(module, "idle", None)
 
     def __repr__(self):
         return f"<Quirk {self.id} {self.library}{self.versions}>"

@@ -102,6 +102,10 @@ class Settings:
     def as_dict(self):
         return {a: getattr(self, a) for a in self.__slots__}
 
+    def as_environment(self):
+        """{variable: value} as a user writes them in the environment (doctor's effective settings)."""
+        return {name: _as_text(getattr(self, attr)) for name, (attr, *_rest) in VARIABLES.items()}
+
     def is_enabled(self, quirk_id):
         return "*" not in self.disabled and quirk_id not in self.disabled
 
@@ -132,6 +136,20 @@ _DEFAULTS = {
     "vllm_use_v1": True,
     "async_timeout_s": 600.0,
 }
+
+
+def _as_text(value):
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):  # a log level
+        return next((name for name, level in _LEVELS.items() if level == value), str(value))
+    if isinstance(value, (tuple, frozenset)):
+        return ",".join(sorted(value) if isinstance(value, frozenset) else value) or "(none)"
+    return str(value)
 
 
 def _parse_disable(raw, known_ids):

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import child_env
 
 from nrl_shim import registry
@@ -26,9 +27,13 @@ def test_doctor_json_reports_everything():
     assert report["libraries"]["wrapt"]["version"] == version("wrapt")
     assert report["libraries"]["ray"] == {"version": version("ray"), "distribution": "ray", "also_installed": [],
                                           "text": f"ray {version('ray')}"}
-    assert report["settings_error"] is None
-    assert report["settings"]["NRL_VLLM_ASYNC_TIMEOUT_SECONDS"] == "900"
-    assert report["settings"]["effective"]["async_timeout_s"] == 900.0
+    assert report["settings_error"] is None and report["exit_status"] == 0
+    assert report["settings"]["set"]["NRL_VLLM_ASYNC_TIMEOUT_SECONDS"] == "900"
+    # Effective settings as a user writes them, not Python reprs.
+    effective = report["settings"]["effective"]
+    assert effective["NRL_VLLM_ASYNC_TIMEOUT_SECONDS"] == "900" and effective["NRL_SHIM_LOG_LEVEL"] == "INFO"
+    assert effective["NRL_SHIM_DISABLE"] == "ray-propagate-env" and effective["NRL_SHIM_STRICT"] == "0"
+    assert effective["NRL_SHIM_RECIPE"] == "(unset)" and effective["NRL_SHIM_EAGER_RECIPES"] == "(none)"
     statuses = {q["id"]: q for q in report["quirks"]}
     assert list(statuses) == list(registry.quirk_ids())
     assert statuses["ray-propagate-env"]["status"] == "disabled"
@@ -36,9 +41,55 @@ def test_doctor_json_reports_everything():
         if quirk.id == "ray-propagate-env":
             continue
         applies, installed, reason = quirk.gate()
-        assert statuses[quirk.id]["status"] == ("applies" if applies else "skipped")
-        assert statuses[quirk.id]["reason"] == reason and statuses[quirk.id]["link"].startswith("https://")
+        expected = ("applies", "idle") if applies else ("not-installed",) if installed is None else ("out-of-range",)
+        assert statuses[quirk.id]["status"] in expected, statuses[quirk.id]
+        assert statuses[quirk.id]["reason"].startswith(reason) and statuses[quirk.id]["link"].startswith("https://")
     assert report["env_activation"]["working"] is True and report["env_activation"]["pth"].endswith("nrl_shim.pth")
+
+
+def test_idle_when_there_is_nothing_to_do():
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    quirks = {q["id"]: q for q in json.loads(doctor("--json").stdout)["quirks"]}
+    assert quirks["vllm-eager-recipes"]["status"] == "idle"
+    assert "nothing to do: no recipe" in quirks["vllm-eager-recipes"]["reason"]
+    quirks = {q["id"]: q for q in json.loads(doctor("--json", env={"NRL_SHIM_RECIPE": "grpo-deepscaler-1.5b-8K",
+                                                                   "NRL_SHIM_GEMMA_LOAD_FORMAT": "off"}).stdout)["quirks"]}
+    assert quirks["vllm-eager-recipes"]["status"] == "applies"
+    assert quirks["vllm-gemma-load-format"]["status"] == "idle"
+    assert "NRL_SHIM_GEMMA_LOAD_FORMAT=off" in quirks["vllm-gemma-load-format"]["reason"]
+
+
+def test_strict_exits_3_when_a_fix_would_be_skipped_for_its_version(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed")
+    # A real (tiny) distribution `ray` 1.0, first on the path: the Ray fix's range (>= 2.0) excludes it.
+    old = tmp_path / "site"
+    (old / "ray").mkdir(parents=True)
+    (old / "ray" / "__init__.py").write_text("")
+    info = old / "ray-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ray\nVersion: 1.0\n")
+    (info / "RECORD").write_text("ray/__init__.py,,\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(old), child_env()["PYTHONPATH"]])}
+    proc = subprocess.run([CLI, "doctor", "--strict"], env=child_env(env), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "ray-propagate-env" in proc.stdout and "out-of-range" in proc.stdout
+    assert "ray 1.0 is outside the supported range >=2.0" in proc.stdout
+    assert "verdict: a fix would be skipped for its version (exit 3, --strict)" in proc.stdout
+    proc = subprocess.run([CLI, "doctor"], env=child_env(env), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and "skipped for their version: ray-propagate-env" in proc.stdout
+
+
+def test_not_installed_state():
+    import types
+
+    from nrl_shim import cli
+    from nrl_shim.settings import Settings
+
+    module = types.ModuleType("nrl_shim_test_quirk")
+    module.__dict__.update(ID="x-test", SUMMARY="s", LINK="https://example.invalid", LIBRARY="no_such_lib_xyz",
+                           VERSIONS=">=1", TARGETS=(), patch=None, unpatch=None)
+    entry = cli._quirk_entry(registry.Quirk(module), Settings.from_env({}))
+    assert entry["status"] == "not-installed" and "no_such_lib_xyz is not installed" in entry["reason"]
 
 
 def test_doctor_text_and_invalid_settings_exit_nonzero():

@@ -148,6 +148,16 @@ def unpatch(module):
     unwrap_engine_config(module, ID)
 
 
+def idle(settings, version):
+    """Why the fix has nothing to do here (for `nrl-shim doctor`), or None."""
+    recipe = current_recipe(settings)
+    if not recipe:
+        return "no recipe: NRL_SHIM_RECIPE is unset and this command has no --config <recipe>.yaml"
+    if not eager_reason(recipe, settings):
+        return f"recipe {recipe} is not listed as needing enforce_eager"
+    return None
+
+
 def describe(settings, version):
     recipe = current_recipe(settings)
     if not recipe:

@@ -79,6 +79,14 @@ def unpatch(module):
     unwrap_engine_config(module, ID)
 
 
+def idle(settings, version):
+    """Why the fix has nothing to do here (for `nrl-shim doctor`), or None."""
+    if version is not None and not mode_applies(settings.gemma_load_format, version):
+        return (f"NRL_SHIM_GEMMA_LOAD_FORMAT={settings.gemma_load_format} and vLLM {version} is "
+                + ("affected" if vllm_is_affected(version) else f"fixed upstream (>= {FIXED_IN})"))
+    return None
+
+
 def describe(settings, version):
     mode = settings.gemma_load_format
     if version is None:
