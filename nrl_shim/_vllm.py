@@ -23,14 +23,13 @@ def engine_args_of(instance, args):
     return instance if instance is not None else (args[0] if args else None)
 
 
-def wrap_engine_config(module, quirk_id, fix):
+def wrap_engine_config(module, quirk_id, fix, settings):
     """patch() of an EngineArgs quirk: run fix(engine_args, settings) before every EngineArgs.create_engine_config(),
     the one function every engine entry path goes through on 0.8.5 - 0.33 (LLM, *.from_engine_args, OpenAI server)."""
-    from .activation import settings
     from .patching import wrap
 
     def create_engine_config_wrapper(wrapped, instance, args, kwargs):
-        fix(engine_args_of(instance, args), settings())
+        fix(engine_args_of(instance, args), settings)
         return wrapped(*args, **kwargs)
 
     wrap(module.EngineArgs, "create_engine_config", create_engine_config_wrapper, quirk_id)

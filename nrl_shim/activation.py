@@ -64,6 +64,8 @@ def activate(settings=None, how="nrl_shim.activate()"):
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _TargetFinder())
         current = _State.settings
+    if "nrl_shim.report" in sys.modules:
+        _report().configure(current.log_level)  # the level follows every activation, not only the first
     if announce and current.log_level <= 10:  # checked first: `logging` stays off the start-up path otherwise
         _announce(current, how)
     for quirk in _enabled_quirks():
@@ -73,11 +75,22 @@ def activate(settings=None, how="nrl_shim.activate()"):
     return current
 
 
+def _report():
+    """The report module, its logger at the active level. Imported only when something is logged or patched: `logging`
+    costs start-up time in every interpreter that never imports a target."""
+    from . import report
+
+    settings = _State.settings
+    if settings is not None:
+        report.configure(settings.log_level)
+    return report
+
+
 def _announce(current, how):
-    from . import __version__, report
+    from . import __version__
 
     enabled = [q.id for q in registry.quirks() if current.is_enabled(q.id)]
-    report.logger().debug("active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
+    _report().logger().debug("active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
                           __version__, os.getpid(), sys.executable, how, ", ".join(enabled) or "none")
 
 
@@ -215,13 +228,15 @@ def _apply(quirk, module):
         applies, version, reason = _State.gates[quirk.id]
         if not applies and version is None:
             # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
-            from . import report
-
-            return report.logger().debug("[%s] not applicable: %s", quirk.id, reason)
+            return _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
         if not applies:
             return _skip(quirk, reason)
+        settings = _State.settings
+        if settings is None:
+            return  # deactivated meanwhile
+        _report()  # the quirk may log while patching: at the active level
         try:
-            quirk.patch(module)
+            quirk.patch(module, settings)
         except ShimError:
             raise
         except Exception as exc:  # never break the user's import over a fix we could not apply
@@ -239,6 +254,4 @@ def _skip(quirk, reason):
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")
     if quirk.id not in _State.skipped:
         _State.skipped.add(quirk.id)
-        from . import report
-
-        report.logger().warning("%s", message)
+        _report().logger().warning("%s", message)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from . import __version__, registry
+from ._argparse import EXIT_USAGE, OneLineErrorParser
 from .errors import ShimError
 from .settings import VARIABLES, Settings
 
@@ -45,7 +46,7 @@ def _env_activation_status():
 
 # Doctor's states for a fix: what a user needs to know before launching.
 APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
-EXIT_OK, EXIT_UNUSABLE, EXIT_USAGE, EXIT_STRICT = 0, 1, 2, 3
+EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
 
 
 def _quirk_entry(quirk, settings):
@@ -154,13 +155,6 @@ def run(command):
     except OSError as err:
         print(f"nrl-shim run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 127
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Bad command lines get one line naming what is wrong, and exit status 2 (no usage dump, no traceback)."""
-
-    def error(self, message):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def main(argv=None):

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from ._argparse import OneLineErrorParser
+
 DEMO_RECIPE = "grpo-deepscaler-1.5b-8K"
 DEMO_PREFIX = "demo:"
 V1_QUIRK = "vllm-v1-runtime"
@@ -39,8 +41,6 @@ def _positive_seconds(raw):
 
 
 def _parser():
-    from .cli import OneLineErrorParser
-
     parser = OneLineErrorParser(prog="nrl-shim explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)

@@ -58,11 +58,11 @@ def _our_layer(obj, quirk_id):
 def wrap(owner, name, wrapper, quirk_id):
     """Wrap owner.name (a function, method, classmethod or staticmethod) with wrapper(wrapped, instance, args, kwargs).
 
-    Idempotent per quirk id. Raises AttributeError when the target is missing, which activation turns into a skip.
+    Idempotent per quirk id: wrapping again keeps one layer and makes `wrapper` the one it calls. Raises AttributeError when the target is missing, which activation turns into a skip.
     """
     layer = _our_layer(_defined_on(owner, name), quirk_id)
     if layer is not None:
-        layer.enabled = True
+        layer.wrapper, layer.enabled = wrapper, True  # re-activation: the new settings' wrapper takes over
         return
     wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),))
 
@@ -78,6 +78,7 @@ def unwrap(owner, name, quirk_id):
     layer = _our_layer(top, quirk_id)
     if layer is None:
         return
+    layer.enabled = False  # also for copies bound elsewhere (`from m import f` taken while we were on)
     if getattr(top, "_self_wrapper", None) is layer:
         setattr(owner, name, top.__wrapped__)
     else:

@@ -6,7 +6,8 @@ A quirk module declares (ddtrace/OpenTelemetry style):
     ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
                                that acts through torch's context_parallel)
     TARGETS                 -- module names; patch(module) runs once each is imported (before or after activation)
-    patch(module), unpatch(module)   -- idempotent; use nrl_shim.patching.wrap / unwrap
+    patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
+                               active Settings, handed down by activation (quirks never import activation)
     setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
     idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here

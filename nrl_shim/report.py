@@ -3,8 +3,27 @@
 import logging
 import sys
 
+from .errors import SettingsError
+from .settings import VARIABLES
+
 _LOGGER = logging.getLogger("nrl_shim")
 _seen = set()
+
+
+def level_from_env():
+    parse = VARIABLES["NRL_SHIM_LOG_LEVEL"][1]
+    try:
+        import os
+
+        raw = os.environ.get("NRL_SHIM_LOG_LEVEL", "").strip()
+        return parse("NRL_SHIM_LOG_LEVEL", raw) if raw else logging.INFO
+    except SettingsError:
+        return logging.INFO  # activation reports the bad value itself
+
+
+def configure(level):
+    """Called by activation at every activation (so NRL_SHIM_LOG_LEVEL follows each one), once logging is in use."""
+    logger().setLevel(level)
 
 
 def logger():
@@ -12,10 +31,8 @@ def logger():
     logging; propagate=False so an app that did configure logging does not print every line twice. Reconfigure
     freely: `logging.getLogger("nrl_shim").handlers[:] = []; ...propagate = True`."""
     if not getattr(_LOGGER, "_nrl_shim_configured", False):
-        from . import activation
-
-        settings = activation.settings()
-        _LOGGER.setLevel(settings.log_level if settings else logging.INFO)
+        # Until activation configures it (it does at every activation): the environment's level, else INFO.
+        _LOGGER.setLevel(level_from_env())
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("nrl_shim %(levelname)s: %(message)s"))
         _LOGGER.addHandler(handler)

@@ -151,9 +151,9 @@ import nrl_shim
 from nrl_shim import registry
 counts = {}
 for quirk in registry.quirks():
-    def counting(module, _patch=quirk.patch, _id=quirk.id):
+    def counting(module, settings, _patch=quirk.patch, _id=quirk.id):
         counts[f"{_id}:{module.__name__}"] = counts.get(f"{_id}:{module.__name__}", 0) + 1
-        return _patch(module)
+        return _patch(module, settings)
     quirk.patch = counting
 # Imported first, in this thread, because they break under concurrent import even without the shim: torch's C
 # extension aborts ("generic_type: cannot initialize type ... already defined"), and torch.distributed.tensor.
@@ -346,3 +346,70 @@ print(json.dumps([declared, applies, outside, absent, version("transformers"), v
     assert declared == {"torch": ">=2.6,<2.16"} and applies is True
     assert outside == [False, transformers, f"torch {torch} is outside the supported range <1"]
     assert absent == [False, None, "no-such-dist-xyz is not installed (no distribution provides the `no-such-dist-xyz` package)"]
+
+
+def test_log_level_follows_every_activation():
+    proc = run_python("""
+import os
+import nrl_shim
+from nrl_shim import report
+report.changed("vllm-eager-recipes", "first", False, True, "why")
+nrl_shim.deactivate()
+os.environ["NRL_SHIM_LOG_LEVEL"] = "ERROR"
+settings = nrl_shim.activate()
+import logging
+print(settings.log_level, logging.getLogger("nrl_shim").level)
+report.changed("vllm-eager-recipes", "second", False, True, "why")
+""")
+    assert proc.stdout.split() == ["40", "40"]
+    assert "first" in proc.stderr and "second" not in proc.stderr
+
+
+def test_dependencies_point_down_and_there_are_no_import_cycles():
+    # Layers: settings -> registry -> activation; quirks and helpers below activation never import it (they get what
+    # they need handed down). Read from the sources, so every import (top level or inside a function) counts.
+    import ast
+    from pathlib import Path
+
+    import nrl_shim
+
+    package = Path(nrl_shim.__file__).parent
+    graph = {}
+    for path in package.rglob("*.py"):
+        if "_vendor" in path.parts:
+            continue
+        name = ".".join(("nrl_shim", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        is_package = path.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = name if is_package else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                target = node.module if node.level == 0 else ".".join(filter(None, [base, node.module]))
+                if target and target.startswith("nrl_shim"):
+                    deps.add(target)
+                    deps.update(f"{target}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names if alias.name.startswith("nrl_shim"))
+        graph[name] = deps
+    modules = set(graph)
+    graph = {m: {d for d in deps if d in modules and d != m} for m, deps in graph.items()}
+    upward = sorted(m for m, deps in graph.items() if "nrl_shim.activation" in deps
+                    and m not in ("nrl_shim", "nrl_shim.cli"))
+    assert upward == [], f"modules below activation that import it: {upward}"
+
+    def cycle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for dep in graph[node]:
+                if dep == start:
+                    return path + [dep]
+                if dep not in seen and dep != "nrl_shim":  # the package __init__ imports everything by design
+                    seen.add(dep)
+                    stack.append((dep, path + [dep]))
+        return None
+
+    cycles = [c for c in (cycle_from(m) for m in sorted(graph) if m != "nrl_shim") if c]
+    assert cycles == [], cycles

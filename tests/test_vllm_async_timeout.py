@@ -135,19 +135,15 @@ def test_a_second_cancellation_during_the_timeout_stays_a_cancellation():
     assert seen == ["CancelledError"] and engine.aborted == []
 
 
-def test_pass_through_when_inactive_or_without_a_request_id(monkeypatch):
+def test_pass_through_without_a_request_id():
+    from nrl_shim.settings import Settings
+
     async def original(*args, **kwargs):
         yield "x"
 
     def call(instance, args, kwargs):
-        return quirk._generate_wrapper(original, instance, args, kwargs).ag_code.co_name
+        return quirk._generate_wrapper(original, instance, args, kwargs, Settings.from_env({})).ag_code.co_name
 
-    monkeypatch.setattr("nrl_shim.activation.settings", lambda: None)
-    assert call(object(), ("p", "sp", "rid"), {}) == "original"
-    monkeypatch.undo()
-    from nrl_shim.settings import Settings
-
-    monkeypatch.setattr("nrl_shim.activation.settings", lambda: Settings.from_env({}))
     assert call(object(), ("p", "sp", "rid"), {}) == "bounded"
     assert call(object(), ("p", "sp"), {"request_id": "rid"}) == "bounded"
     assert call(object(), ("p",), {}) == "original"  # vLLM itself reports the missing argument

@@ -55,7 +55,7 @@ def _install_guard():
     return lambda: unwrap(F, _SDPA, ID)
 
 
-def patch(module):
+def patch(module, settings):
     from .. import _torch_cp
 
     _torch_cp.install(module, ID, after=_install_guard)

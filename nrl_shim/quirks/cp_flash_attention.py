@@ -53,7 +53,7 @@ def _rebind(old, new):
             setattr(mod, _NAME, new)
 
 
-def patch(module):
+def patch(module, settings):
     from .. import _torch_cp
     from ..patching import wrap
 

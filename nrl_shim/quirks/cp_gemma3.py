@@ -43,7 +43,7 @@ def _forward_guard(wrapped, instance, args, kwargs):
     )
 
 
-def patch(module):
+def patch(module, settings):
     from .. import _torch_cp
     from ..patching import wrap
 

@@ -81,7 +81,7 @@ def _check_on_enter():
                      f"parallelize_module applied SequenceParallel to {'; '.join(applied)}")
 
 
-def patch(module):
+def patch(module, settings):
     global _applied, _nested
     import threading
     import weakref

@@ -177,12 +177,7 @@ def _uploaded_uri() -> str | None:
     return modules[-1] if modules and "://" in str(modules[-1]) else None
 
 
-def _init_wrapper(wrapped, instance, args, kwargs):
-    from ..activation import settings
-
-    current = settings()
-    if current is None:
-        return wrapped(*args, **kwargs)
+def _init_wrapper(wrapped, instance, args, kwargs, current):
     ship = current.ray_ship and _ray_has_setup_hook()
     runtime_env = kwargs.get("runtime_env")
     merged = merge_job_runtime_env(runtime_env, ship=ship, strict=current.strict)
@@ -223,15 +218,18 @@ def _task_runtime_env_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def patch(module):
+def patch(module, settings):
     from ..patching import wrap
 
     if module.__name__ != "ray._private.worker":
         # ray.actor and ray.remote_function bind Ray's helper by name: wrap it where it is used.
         wrap(module, "get_runtime_env_info", _task_runtime_env_wrapper, ID)
         return
+    def init_wrapper(wrapped, instance, args, kwargs):
+        return _init_wrapper(wrapped, instance, args, kwargs, settings)
+
     original = module.init
-    wrap(module, "init", _init_wrapper, ID)
+    wrap(module, "init", init_wrapper, ID)
     # `ray` binds `init` from this module; after the fact (ray imported before activation) rebind it too.
     ray = sys.modules.get("ray")
     if ray is not None and getattr(ray, "init", None) is original:

@@ -105,11 +105,8 @@ async def bounded(stream, engine, request_id, timeout):
         await stream.aclose()
 
 
-def _generate_wrapper(wrapped, instance, args, kwargs):
-    from ..activation import settings
-
-    current = settings()
-    if current is None or instance is None:
+def _generate_wrapper(wrapped, instance, args, kwargs, current):
+    if instance is None:
         return wrapped(*args, **kwargs)
     if "request_id" in kwargs:
         request_id = kwargs["request_id"]
@@ -120,10 +117,13 @@ def _generate_wrapper(wrapped, instance, args, kwargs):
     return bounded(wrapped(*args, **kwargs), instance, request_id, current.async_timeout_s)
 
 
-def patch(module):
+def patch(module, settings):
     from ..patching import wrap
 
-    wrap(module.AsyncLLM, "generate", _generate_wrapper, ID)
+    def generate_wrapper(wrapped, instance, args, kwargs):
+        return _generate_wrapper(wrapped, instance, args, kwargs, settings)
+
+    wrap(module.AsyncLLM, "generate", generate_wrapper, ID)
 
 
 def unpatch(module):

@@ -136,10 +136,10 @@ def fix_engine_args(engine_args, settings):
     report.changed(ID, f"vllm enforce_eager for recipe {recipe}", before, True, f"{reason}; {LINK}")
 
 
-def patch(module):
+def patch(module, settings):
     from .._vllm import wrap_engine_config
 
-    wrap_engine_config(module, ID, fix_engine_args)
+    wrap_engine_config(module, ID, fix_engine_args, settings)
 
 
 def unpatch(module):

@@ -67,10 +67,10 @@ def fix_engine_args(engine_args, settings):
     report.changed(ID, f"vllm load_format for {model_type} model {model!r}", str(load_format.value if hasattr(load_format, "value") else load_format), "auto", _WHY)
 
 
-def patch(module):
+def patch(module, settings):
     from .._vllm import wrap_engine_config
 
-    wrap_engine_config(module, ID, fix_engine_args)
+    wrap_engine_config(module, ID, fix_engine_args, settings)
 
 
 def unpatch(module):

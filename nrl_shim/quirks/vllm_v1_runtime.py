@@ -22,13 +22,6 @@ VARIABLE_REMOVED_IN = "0.11.1"
 _ASYNC_FACTORIES = ("from_engine_args", "from_vllm_config")
 
 
-def _wanted():
-    from ..activation import settings
-
-    current = settings()
-    return None if current is None else current.vllm_use_v1
-
-
 def apply_variable(use_v1, environ=None):
     """Set VLLM_USE_V1 from NRL_VLLM_USE_V1 on releases that read it; log what changed."""
     from .._vllm import version_at_least
@@ -71,28 +64,27 @@ def check_v0_available(use_v1, is_async=False):
             f"or install vLLM < {V0_REMOVED_IN}.")
 
 
-def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
-    use_v1 = _wanted()
-    check_v0_available(use_v1)
-    apply_variable(use_v1)  # again: a user may have changed os.environ after vLLM was imported
-    return wrapped(*args, **kwargs)
-
-
-def _async_engine_wrapper(wrapped, instance, args, kwargs):
-    check_v0_available(_wanted(), is_async=True)
-    return wrapped(*args, **kwargs)
-
-
-def patch(module):
+def patch(module, settings):
     from ..patching import wrap
 
+    use_v1 = settings.vllm_use_v1
+
+    def create_engine_config_wrapper(wrapped, instance, args, kwargs):
+        check_v0_available(use_v1)
+        apply_variable(use_v1)  # again: a user may have changed os.environ after vLLM was imported
+        return wrapped(*args, **kwargs)
+
+    def async_engine_wrapper(wrapped, instance, args, kwargs):
+        check_v0_available(use_v1, is_async=True)
+        return wrapped(*args, **kwargs)
+
     if module.__name__ == "vllm.envs":
-        apply_variable(_wanted())
+        apply_variable(use_v1)
     elif module.__name__ == "vllm.engine.arg_utils":
-        wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+        wrap(module.EngineArgs, "create_engine_config", create_engine_config_wrapper, ID)
     else:
         for name in ("__init__",) + _ASYNC_FACTORIES:
-            wrap(module.AsyncLLM, name, _async_engine_wrapper, ID)
+            wrap(module.AsyncLLM, name, async_engine_wrapper, ID)
 
 
 def unpatch(module):
