@@ -11,7 +11,7 @@ _VENDOR = _os.path.join(_os.path.dirname(__file__), "_vendor")
 if _os.path.isdir(_VENDOR) and _VENDOR not in _sys.path:
     _sys.path.append(_VENDOR)
 
-from .activation import activate, deactivate, is_active, settings
+from .activation import activate, active_settings, deactivate, is_active
 from .errors import QuirkSkippedError, SettingsError, ShimError, ShimTimeoutError, UnsupportedConfigError
 from .settings import Settings
 
@@ -20,7 +20,7 @@ __all__ = [
     "activate",
     "deactivate",
     "is_active",
-    "settings",
+    "active_settings",
     "Settings",
     "ShimError",
     "SettingsError",

@@ -11,7 +11,7 @@ import _thread  # not `threading`: it drags functools/collections into every int
 
 from . import registry
 from .errors import QuirkSkippedError, ShimError
-from .settings import _FALSE, Settings
+from .settings import _FALSE
 
 
 class _State:
@@ -28,7 +28,7 @@ class _State:
 _lock = _thread.RLock()
 
 
-def settings():
+def active_settings():
     """The active Settings, or None when the shim is not active."""
     return _State.settings if _State.active else None
 
@@ -52,7 +52,7 @@ def activate(settings=None, how="nrl_shim.activate()"):
     with _lock:
         if not _State.active:
             announce = True
-            settings = settings or Settings.from_env(known_ids=registry.quirk_ids())
+            settings = settings or registry.load_settings()
             if os.environ.get("NRL_SHIM") != "1":
                 os.environ["NRL_SHIM"] = "1"  # children (spawn, subprocess, Ray workers) inherit it and activate too
                 _State.exported_nrl_shim = True

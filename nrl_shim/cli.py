@@ -15,7 +15,6 @@ import sys
 from . import __version__, registry
 from ._argparse import EXIT_USAGE, OneLineErrorParser
 from .errors import ShimError
-from .settings import VARIABLES, Settings
 
 LIBRARIES = ("vllm", "torch", "transformers", "ray", "wrapt", "packaging")
 
@@ -77,8 +76,8 @@ def doctor(as_json=False, strict=False):
         "env_activation": _env_activation_status(),
     }
     try:
-        settings = Settings.from_env(known_ids=registry.quirk_ids())
-        report["settings"] = {"set": {name: os.environ.get(name) for name in VARIABLES},
+        settings = registry.load_settings()
+        report["settings"] = {"set": {v.name: os.environ.get(v.name) for v in registry.variables()},
                               "effective": settings.as_environment()}
     except ShimError as err:
         settings = None
@@ -145,7 +144,7 @@ def run(command):
         print("nrl-shim run: give the command to run, e.g. `nrl-shim run -- python train.py`", file=sys.stderr)
         return 2
     try:
-        Settings.from_env(known_ids=registry.quirk_ids())
+        registry.load_settings()
     except ShimError as err:
         print(f"nrl-shim: error: {err}", file=sys.stderr)
         return 2

@@ -3,6 +3,8 @@
 A quirk module declares (ddtrace/OpenTelemetry style):
     ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE), one line, upstream link
     LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
+    SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable); validated and documented
+                               centrally with the core's (registry.variables())
     ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
                                that acts through torch's context_parallel)
     TARGETS                 -- module names; patch(module) runs once each is imported (before or after activation)
@@ -46,6 +48,7 @@ class Quirk:
         self.setup = getattr(module, "setup", None)
         self.describe = getattr(module, "describe", None)
         self.idle = getattr(module, "idle", None)
+        self.settings = tuple(getattr(module, "SETTINGS", ()))
 
     def __repr__(self):
         return f"<Quirk {self.id} {self.library}{self.versions}>"
@@ -102,6 +105,23 @@ def _import(name):
 
 def quirk_ids():
     return tuple(q.id for q in quirks())
+
+
+def variables():
+    """Every NRL_* variable: the core's, then each quirk's own SETTINGS, in registry order."""
+    from .settings import CORE_VARIABLES
+
+    declared = list(CORE_VARIABLES)
+    for quirk in quirks():
+        declared.extend(quirk.settings)
+    return tuple(declared)
+
+
+def load_settings(environ=None):
+    """Settings from `environ` (default os.environ): every declared variable parsed and validated."""
+    from .settings import Settings
+
+    return Settings.from_env(environ, known_ids=quirk_ids(), variables=variables())
 
 
 def get(quirk_id):

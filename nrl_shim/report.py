@@ -4,19 +4,18 @@ import logging
 import sys
 
 from .errors import SettingsError
-from .settings import VARIABLES
+from .settings import parse_level
 
 _LOGGER = logging.getLogger("nrl_shim")
 _seen = set()
 
 
 def level_from_env():
-    parse = VARIABLES["NRL_SHIM_LOG_LEVEL"][1]
-    try:
-        import os
+    import os
 
+    try:
         raw = os.environ.get("NRL_SHIM_LOG_LEVEL", "").strip()
-        return parse("NRL_SHIM_LOG_LEVEL", raw) if raw else logging.INFO
+        return parse_level("NRL_SHIM_LOG_LEVEL", raw) if raw else logging.INFO
     except SettingsError:
         return logging.INFO  # activation reports the bad value itself
 

@@ -1,7 +1,11 @@
-"""All NRL_* variables, parsed and validated once into one Settings object.
+"""Settings: every NRL_* variable declared once (the core's here, each quirk's own in its module as SETTINGS), parsed
+and validated once into one immutable Settings. A bad value is one SettingsError naming the variable, the value and
+what is accepted. The registry collects the declarations (registry.variables(), registry.load_settings()).
 
 Stdlib only, no dataclasses/typing/logging: this runs at start-up of every interpreter when NRL_SHIM=1.
 """
+
+from __future__ import annotations
 
 import math
 import os
@@ -11,14 +15,13 @@ from .errors import SettingsError
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "DEBUG": 10}
-GEMMA_LOAD_FORMAT_MODES = ("always", "affected", "off")
 
 
 def _fail(name, raw, accepted):
     raise SettingsError(f"{name}={raw!r} is not valid; accepted: {accepted}")
 
 
-def _bool(name, raw):
+def parse_bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -27,14 +30,14 @@ def _bool(name, raw):
     _fail(name, raw, "1 or 0 (also true/false, yes/no, on/off)")
 
 
-def _level(name, raw):
+def parse_level(name: str, raw: str) -> int:
     value = raw.strip()
     if value.upper() in _LEVELS:
         return _LEVELS[value.upper()]
     _fail(name, raw, "a logging level name: DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
 
-def _seconds(name, raw):
+def parse_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw.strip())
     except ValueError:
@@ -44,7 +47,7 @@ def _seconds(name, raw):
     return value
 
 
-def _word(name, raw):
+def parse_word(name: str, raw: str) -> str:
     # A recipe name or a glob: one token, printable, no separators that would make it ambiguous in a list.
     value = raw.strip()
     if not value or not value.isprintable() or any(c.isspace() or c == "," for c in value):
@@ -52,93 +55,54 @@ def _word(name, raw):
     return value
 
 
-def _words(name, raw):
-    return tuple(_word(name, item) for item in raw.split(",") if item.strip())
+def parse_words(name: str, raw: str) -> tuple:
+    return tuple(parse_word(name, item) for item in raw.split(",") if item.strip())
 
 
-def _choice(choices):
-    def parse(name, raw):
+def choice(*choices: str):
+    def parse_choice(name, raw):
         value = raw.strip().lower()
         if value not in choices:
             _fail(name, raw, " | ".join(choices))
         return value
 
-    return parse
+    return parse_choice
 
 
-# name -> (attribute, parser, default text, description). README's variable table mirrors this.
-VARIABLES = {
-    "NRL_SHIM": ("enabled", _bool, "unset", "1: activate in every Python process (via the installed .pth); 0: off, even on `import nrl_shim`"),
-    "NRL_SHIM_DISABLE": ("disabled", None, "", "comma list of quirk ids to skip, or * for all"),
-    "NRL_SHIM_STRICT": ("strict", _bool, "0", "1: a fix that cannot be applied is an error instead of a warning"),
-    "NRL_SHIM_LOG_LEVEL": ("log_level", _level, "INFO", "level of the `nrl_shim` logger"),
-    "NRL_SHIM_RECIPE": ("recipe", _word, "", "recipe name (e.g. grpo-deepscaler-1.5b-8K); detected from --config when unset"),
-    "NRL_SHIM_EAGER_RECIPES": ("eager_recipes", _words, "", "extra comma list of recipe globs that need enforce_eager=True"),
-    "NRL_SHIM_GEMMA_LOAD_FORMAT": ("gemma_load_format", _choice(GEMMA_LOAD_FORMAT_MODES), "always", "always | affected (vLLM < 0.9.2 only) | off"),
-    "NRL_SHIM_RAY_SHIP": ("ray_ship", _bool, "1", "1: ship the shim to every Ray worker of the job (py_modules + worker setup hook); 0: NRL_* env_vars only"),
-    "NRL_VLLM_USE_V1": ("vllm_use_v1", _bool, "1", "1: vLLM V1 engine; 0: V0 (vLLM < 0.11 only; never with the async engine)"),
-    "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": ("async_timeout_s", _seconds, "600", "max wait for each next output of an async rollout"),
-}
+class Variable(tuple):
+    """One NRL_* variable: (name, attribute on Settings, parser, default, accepted values, meaning). A tuple (not a
+    NamedTuple or dataclass): this module is on every interpreter's start-up path."""
+
+    __slots__ = ()
+
+    def __new__(cls, name, attr, parse, default, accepted, meaning):
+        return tuple.__new__(cls, (name, attr, parse, default, accepted, meaning))
+
+    name = property(lambda self: self[0])
+    attr = property(lambda self: self[1])
+    parse = property(lambda self: self[2])
+    default = property(lambda self: self[3])
+    accepted = property(lambda self: self[4])
+    meaning = property(lambda self: self[5])
 
 
-class Settings:
-    """The effective configuration of the shim. Immutable; build it with Settings.from_env()."""
-
-    __slots__ = tuple(attr for attr, *_ in VARIABLES.values())
-
-    def __init__(self, **values):
-        for attr in self.__slots__:
-            object.__setattr__(self, attr, values[attr])
-
-    def __setattr__(self, name, value):
-        raise AttributeError("Settings is immutable; build a new one with Settings.from_env()")
-
-    def __repr__(self):
-        return "Settings(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")"
-
-    def __eq__(self, other):
-        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
-    def as_dict(self):
-        return {a: getattr(self, a) for a in self.__slots__}
-
-    def as_environment(self):
-        """{variable: value} as a user writes them in the environment (doctor's effective settings)."""
-        return {name: _as_text(getattr(self, attr)) for name, (attr, *_rest) in VARIABLES.items()}
-
-    def is_enabled(self, quirk_id):
-        return "*" not in self.disabled and quirk_id not in self.disabled
-
-    @classmethod
-    def from_env(cls, environ=None, known_ids=None):
-        """Parse every variable; raise SettingsError naming the first bad one. `known_ids` validates NRL_SHIM_DISABLE."""
-        environ = os.environ if environ is None else environ
-        values = {}
-        for name, (attr, parse, default, _doc) in VARIABLES.items():
-            raw = environ.get(name)
-            if parse is None:
-                continue
-            if raw is None or not raw.strip():
-                raw = None
-            values[attr] = parse(name, raw) if raw is not None else _DEFAULTS[attr]
-        values["disabled"] = _parse_disable(environ.get("NRL_SHIM_DISABLE", ""), known_ids)
-        return cls(**values)
+# The core's own variables; each quirk declares the ones it reads next to its code.
+CORE_VARIABLES = (
+    Variable("NRL_SHIM", "enabled", parse_bool, None, "`1` / `0` (also true/false, yes/no, on/off)",
+             "`1`: activate in every interpreter; `0`: off everywhere; unset: only `import nrl_shim` / "
+             "`nrl-shim run` activate"),
+    Variable("NRL_SHIM_DISABLE", "disabled", None, frozenset(), "comma list of quirk ids, or `*`",
+             "skip these fixes (an unknown id lists the valid ones)"),
+    Variable("NRL_SHIM_STRICT", "strict", parse_bool, False, "`1` / `0`",
+             "a fix that can't be applied (version out of range, target missing) is an error (`QuirkSkippedError`) "
+             "instead of one warning"),
+    Variable("NRL_SHIM_LOG_LEVEL", "log_level", parse_level, 20, "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`",
+             "level of the `nrl_shim` logger"),
+)
 
 
-_DEFAULTS = {
-    "enabled": None,  # unset: `import nrl_shim` activates, the .pth does not
-    "strict": False,
-    "log_level": 20,
-    "recipe": None,
-    "eager_recipes": (),
-    "gemma_load_format": "always",
-    "ray_ship": True,
-    "vllm_use_v1": True,
-    "async_timeout_s": 600.0,
-}
-
-
-def _as_text(value):
+def as_text(value) -> str:
+    """A setting's value as a user writes it in the environment."""
     if value is None:
         return "(unset)"
     if isinstance(value, bool):
@@ -150,6 +114,59 @@ def _as_text(value):
     if isinstance(value, (tuple, frozenset)):
         return ",".join(sorted(value) if isinstance(value, frozenset) else value) or "(none)"
     return str(value)
+
+
+class Settings:
+    """The effective configuration of the shim: one attribute per declared variable. Immutable; build it with
+    registry.load_settings() (every variable) or Settings.from_env(environ, variables=...)."""
+
+    __slots__ = ("_values", "_variables")
+
+    def __init__(self, values, variables=CORE_VARIABLES):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_variables", tuple(variables))
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"Settings has no {name!r}; declared: {', '.join(self._values)}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Settings is immutable; build a new one with registry.load_settings()")
+
+    def __repr__(self):
+        return "Settings(" + ", ".join(f"{a}={v!r}" for a, v in self._values.items()) + ")"
+
+    def __eq__(self, other):
+        return isinstance(other, Settings) and self._values == other._values
+
+    def __hash__(self):
+        return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
+
+    def as_dict(self):
+        return dict(self._values)
+
+    def as_environment(self):
+        """{variable: value} as a user writes them in the environment (doctor's effective settings)."""
+        return {v.name: as_text(self._values[v.attr]) for v in self._variables}
+
+    def is_enabled(self, quirk_id):
+        return "*" not in self.disabled and quirk_id not in self.disabled
+
+    @classmethod
+    def from_env(cls, environ=None, known_ids=None, variables=CORE_VARIABLES):
+        """Parse `variables` from `environ` (default os.environ); raise SettingsError naming the first bad one.
+        `known_ids` validates NRL_SHIM_DISABLE."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for variable in variables:
+            if variable.parse is None:
+                continue
+            raw = environ.get(variable.name)
+            values[variable.attr] = variable.parse(variable.name, raw) if raw and raw.strip() else variable.default
+        values["disabled"] = _parse_disable(environ.get("NRL_SHIM_DISABLE", ""), known_ids)
+        return cls(values, variables)
 
 
 def _parse_disable(raw, known_ids):

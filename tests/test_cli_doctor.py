@@ -83,12 +83,12 @@ def test_not_installed_state():
     import types
 
     from nrl_shim import cli
-    from nrl_shim.settings import Settings
+    from nrl_shim.registry import load_settings
 
     module = types.ModuleType("nrl_shim_test_quirk")
     module.__dict__.update(ID="x-test", SUMMARY="s", LINK="https://example.invalid", LIBRARY="no_such_lib_xyz",
                            VERSIONS=">=1", TARGETS=(), patch=None, unpatch=None)
-    entry = cli._quirk_entry(registry.Quirk(module), Settings.from_env({}))
+    entry = cli._quirk_entry(registry.Quirk(module), load_settings({}))
     assert entry["status"] == "not-installed" and "no_such_lib_xyz is not installed" in entry["reason"]
 
 

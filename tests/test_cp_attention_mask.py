@@ -40,7 +40,7 @@ def buffers_restored():
     return torch.equal(ids, torch.arange(S).view(1, S))
 
 def cases():
-    guarded = nrl_shim.settings().is_enabled("cp-attention-mask")
+    guarded = nrl_shim.active_settings().is_enabled("cp-attention-mask")
     return {
         "mask_2d": outcome(lambda: inside_cp(lambda q: F.scaled_dot_product_attention(
             q, q, q, attn_mask=torch.ones(S, S, dtype=torch.bool)))),

@@ -42,7 +42,7 @@ def attention_calls(fn):
         sdpa_module.torch.nn.functional.scaled_dot_product_attention = original
 
 def cases():
-    settings = nrl_shim.settings()
+    settings = nrl_shim.active_settings()
     results = {
         # Longer than the window: the sliding layers pass a mask. Shorter: they pass none (local length under CP).
         "gemma_short": attention_calls(lambda: forward(gemma, 2 * ws)),

@@ -5,13 +5,14 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from nrl_shim import SettingsError, ShimError
 from nrl_shim.registry import quirk_ids
-from nrl_shim.settings import VARIABLES, Settings
+from nrl_shim.registry import load_settings, variables
 
 IDS = quirk_ids()
+VARIABLES = [v.name for v in variables()]
 
 
 def parse(**env):
-    return Settings.from_env(env, known_ids=IDS)
+    return load_settings(env)
 
 
 def test_defaults():

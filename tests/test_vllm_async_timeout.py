@@ -136,13 +136,13 @@ def test_a_second_cancellation_during_the_timeout_stays_a_cancellation():
 
 
 def test_pass_through_without_a_request_id():
-    from nrl_shim.settings import Settings
+    from nrl_shim.registry import load_settings
 
     async def original(*args, **kwargs):
         yield "x"
 
     def call(instance, args, kwargs):
-        return quirk._generate_wrapper(original, instance, args, kwargs, Settings.from_env({})).ag_code.co_name
+        return quirk._generate_wrapper(original, instance, args, kwargs, load_settings({})).ag_code.co_name
 
     assert call(object(), ("p", "sp", "rid"), {}) == "bounded"
     assert call(object(), ("p", "sp"), {"request_id": "rid"}) == "bounded"

@@ -11,7 +11,7 @@ from packaging.version import Version
 from vllm_helpers import VLLM_VERSION, build, cpu_env, model_dirs, requires_vllm
 
 from nrl_shim.quirks import vllm_eager_recipes as quirk
-from nrl_shim.settings import Settings
+from nrl_shim.registry import load_settings
 
 FLAGGED = ["grpo-deepscaler-1.5b-8K", "grpo-deepscaler-1.5b-16K", "grpo-deepscaler-1.5b-24K",
            "grpo-gspo-deepscaler-1.5b-8K"]
@@ -34,7 +34,7 @@ def test_recipe_from_command_line(argv, recipe):
 
 
 def test_flagged_recipes_and_user_patterns():
-    settings = Settings.from_env({"NRL_SHIM_EAGER_RECIPES": "my-*-recipe,exact-one"})
+    settings = load_settings({"NRL_SHIM_EAGER_RECIPES": "my-*-recipe,exact-one"})
     for recipe in FLAGGED:
         assert "CUDA graphs" in quirk.eager_reason(recipe, settings)
     assert quirk.eager_reason("grpo-deepscaler-1.5b-8k", settings)  # recipe names compare case-insensitively
@@ -58,8 +58,8 @@ def test_entry_point_group_adds_patterns(tmp_path):
         import json, sys
         sys.path.insert(0, {str(tmp_path)!r})
         from nrl_shim.quirks import vllm_eager_recipes as q
-        from nrl_shim.settings import Settings
-        s = Settings.from_env({{}})
+        from nrl_shim.registry import load_settings
+        s = load_settings({{}})
         print(json.dumps({{r: q.eager_reason(r, s) for r in ["team-a-x", "team-b-2", "team-c-y", "team-d", FLAGGED]}}))
     """.replace("FLAGGED", repr(FLAGGED[0])), env={"NRL_SHIM": "0"})
     assert out == {"team-a-x": "entry point one", "team-b-2": "entry point many",
@@ -74,7 +74,7 @@ def test_detected_recipe_is_exported_to_children(tmp_path):
         import json, os, subprocess, sys
         import nrl_shim
         child = subprocess.run([sys.executable, "-c",
-            "import json, os, nrl_shim; print(json.dumps([os.environ.get('NRL_SHIM_RECIPE'), nrl_shim.settings().recipe]))"],
+            "import json, os, nrl_shim; print(json.dumps([os.environ.get('NRL_SHIM_RECIPE'), nrl_shim.active_settings().recipe]))"],
             capture_output=True, text=True, check=True)
         exported = os.environ.get("NRL_SHIM_RECIPE")
         nrl_shim.deactivate()

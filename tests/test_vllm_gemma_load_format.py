@@ -15,7 +15,7 @@ from vllm_helpers import (GEMMA3_KIND, GEMMA_KINDS, HUB_COMMIT, HUB_ID, VLLM_VER
 from nrl_shim import hf_config
 from nrl_shim._tiny_configs import write_config
 from nrl_shim.quirks import vllm_gemma_load_format as quirk
-from nrl_shim.settings import Settings
+from nrl_shim.registry import load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_lookup_is_cached_per_process(tmp_path):
 ])
 def test_modes_and_doctor_line(mode, version, applies):
     assert quirk.mode_applies(mode, version) is applies
-    line = quirk.describe(Settings.from_env({"NRL_SHIM_GEMMA_LOAD_FORMAT": mode}), version)
+    line = quirk.describe(load_settings({"NRL_SHIM_GEMMA_LOAD_FORMAT": mode}), version)
     assert f"NRL_SHIM_GEMMA_LOAD_FORMAT={mode}" in line and version in line
     assert ("Gemma dummy -> auto" if applies else "Gemma dummy load format kept") in line
 

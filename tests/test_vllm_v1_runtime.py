@@ -94,7 +94,7 @@ def test_v0_request_per_release(tmp_path):
     ("0.33.0", True, "V1 only, no VLLM_USE_V1 variable"),
 ])
 def test_doctor_line(version, wanted, fragment):
-    from nrl_shim.settings import Settings
+    from nrl_shim.registry import load_settings
 
-    line = quirk.describe(Settings.from_env({"NRL_VLLM_USE_V1": "1" if wanted else "0"}), version)
+    line = quirk.describe(load_settings({"NRL_VLLM_USE_V1": "1" if wanted else "0"}), version)
     assert fragment in line and version in line

@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any
 
+from ..settings import Variable, parse_bool
+
 ID = "ray-propagate-env"
 SUMMARY = ("ray.init(): every worker of the job runs the shim, whatever its interpreter (NRL_* env_vars, the shim "
            "shipped with py_modules, activated by worker_process_setup_hook)")
@@ -31,6 +33,11 @@ LINK = "https://docs.ray.io/en/latest/ray-core/handling-dependencies.html#runtim
 LIBRARY = "ray"
 VERSIONS = ">=2.0"
 TARGETS = ("ray._private.worker", "ray.actor", "ray.remote_function")
+SETTINGS = (
+    Variable("NRL_SHIM_RAY_SHIP", "ray_ship", parse_bool, True, "`1` / `0`",
+             "ship the shim to every Ray worker of the job (`py_modules` + worker setup hook; see \"Ray\"); `0`: "
+             "`env_vars` only"),
+)
 
 # NRL_SHIM_RECIPE is exported by the eager-recipes quirk at activation, so it is covered by the prefix too.
 _PREFIXES = ("NRL_SHIM", "NRL_VLLM_")

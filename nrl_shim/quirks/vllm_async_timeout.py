@@ -10,12 +10,18 @@ timeout error.
 
 import time
 
+from ..settings import Variable, parse_seconds
+
 ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.34"
 TARGETS = ("vllm.v1.engine.async_llm",)
+SETTINGS = (
+    Variable("NRL_VLLM_ASYNC_TIMEOUT_SECONDS", "async_timeout_s", parse_seconds, 600.0, "positive number",
+             "longest wait for each next output of an async rollout"),
+)
 
 _REQUEST_ID_POSITION = 2  # generate(self, prompt, sampling_params, request_id, ...) in every release 0.8.5 - 0.33
 _now = time.monotonic  # the clock asyncio's default loop uses (loop.time())

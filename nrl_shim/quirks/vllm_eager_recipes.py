@@ -12,12 +12,22 @@ More patterns: NRL_SHIM_EAGER_RECIPES (comma list of globs), or an entry point i
 import os
 import sys
 
+from ..settings import Variable, parse_word, parse_words
+
 ID = "vllm-eager-recipes"
 SUMMARY = "recipes that converge badly with CUDA graphs (DeepScaleR 1.5B): vLLM enforce_eager=True"
 LINK = "https://github.com/NVIDIA-NeMo/RL/pull/857"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.34"
 TARGETS = ("vllm.engine.arg_utils",)
+SETTINGS = (
+    Variable("NRL_SHIM_RECIPE", "recipe", parse_word, None, "recipe name, e.g. `grpo-deepscaler-1.5b-8K`",
+             "recipe for the eager-mode fix; when unset it is detected from the driver's `--config "
+             "path/to/<recipe>.yaml` and exported for children"),
+    Variable("NRL_SHIM_EAGER_RECIPES", "eager_recipes", parse_words, (), "comma list of globs, e.g. `my-recipe-*`",
+             "more recipes that need `enforce_eager=True` (packages can also add them via the entry-point group "
+             "`nrl_shim.eager_recipes`: a glob, a list of globs, or `{glob: reason}`)"),
+)
 
 ENTRY_POINT_GROUP = "nrl_shim.eager_recipes"
 _DEEPSCALER = "convergence problems with vLLM CUDA graphs; NeMo RL sets enforce_eager: True (NeMo RL PR #857)"
@@ -63,10 +73,9 @@ def setup(settings):
     if not detected:
         return
     from ..errors import SettingsError
-    from ..settings import VARIABLES
 
     try:
-        VARIABLES["NRL_SHIM_RECIPE"][1]("NRL_SHIM_RECIPE", detected)  # children parse it: export only valid names
+        parse_word("NRL_SHIM_RECIPE", detected)  # children parse it: export only valid names
     except SettingsError:
         return
     _State.detected = detected

@@ -6,12 +6,20 @@ every release; so do we by default. Applied in EngineArgs.create_engine_config()
 (LLM, LLMEngine/AsyncLLM/AsyncLLMEngine.from_engine_args, the OpenAI server) goes through on 0.8.5 - 0.33.
 """
 
+from ..settings import Variable, choice
+
 ID = "vllm-gemma-load-format"
 SUMMARY = "Gemma-2/3 models: vLLM load_format 'dummy' -> 'auto' (dummy init corrupts the normalizer buffer)"
 LINK = "https://github.com/vllm-project/vllm/pull/19788"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.34"
 TARGETS = ("vllm.engine.arg_utils",)
+MODES = ("always", "affected", "off")
+SETTINGS = (
+    Variable("NRL_SHIM_GEMMA_LOAD_FORMAT", "gemma_load_format", choice(*MODES), "always", "`always` / `affected` / `off`",
+             "`always`: as NeMo RL; `affected`: only on vLLM < 0.9.2, where the bug exists (dummy init stays on fixed "
+             "releases and start-up skips a full weight load); `off`: never"),
+)
 
 GEMMA_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})  # NeMo RL's is_gemma_model (not gemma, gemma3n)
 FIXED_IN = "0.9.2"  # first vLLM release with vLLM PR #19788 (persistent=False)

@@ -10,12 +10,18 @@
 
 import os
 
+from ..settings import Variable, parse_bool
+
 ID = "vllm-v1-runtime"
 SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.34"
 TARGETS = ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm")
+SETTINGS = (
+    Variable("NRL_VLLM_USE_V1", "vllm_use_v1", parse_bool, True, "`1` / `0`",
+             "vLLM engine: V1, or V0 where it still exists (vLLM < 0.11.0; never with the async engine)"),
+)
 
 V0_REMOVED_IN = "0.11.0"
 VARIABLE_REMOVED_IN = "0.11.1"
