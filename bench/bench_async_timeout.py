@@ -17,7 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("NRL_SHIM", "0")  # no activation needed: we time the wrapper function itself
 
-from nrl_shim import _tiny_configs, hf_config  # noqa: E402
+from nrl_shim.explain import tiny_configs as _tiny_configs
+from nrl_shim.quirks import _hf_config as hf_config  # noqa: E402
 from nrl_shim.quirks.vllm_async_timeout import bounded  # noqa: E402
 
 TIMEOUT = 600.0

@@ -171,7 +171,7 @@ def cp_wrapped():
     """(context_parallel carries the shim's layer, the public name torch users import is that same object)."""
     import torch.distributed.tensor.experimental as experimental
 
-    from nrl_shim import _torch_cp
+    from nrl_shim.quirks import _torch_cp
     from nrl_shim.patching import is_wrapped
 
     real = _torch_cp._real_module()

@@ -12,8 +12,8 @@ from packaging.version import Version
 from vllm_helpers import (GEMMA3_KIND, GEMMA_KINDS, HUB_COMMIT, HUB_ID, VLLM_VERSION, build, cpu_env, fake_hub_cache, model_dirs,
                           requires_vllm)
 
-from nrl_shim import hf_config
-from nrl_shim._tiny_configs import write_config
+from nrl_shim.quirks import _hf_config as hf_config
+from nrl_shim.explain.tiny_configs import write_config
 from nrl_shim.quirks import vllm_gemma_load_format as quirk
 from nrl_shim.registry import load_settings
 

@@ -1,12 +1,12 @@
 """Tiny causal LMs written to disk with the installed transformers (random weights, safetensors): real checkpoints
-for real engines, with nothing downloaded. Same shapes as nrl_shim/_tiny_configs.py."""
+for real engines, with nothing downloaded. Same shapes as nrl_shim/explain/tiny_configs.py."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from nrl_shim._tiny_configs import CONFIGS
+from nrl_shim.explain.tiny_configs import CONFIGS
 
 # Wider than transformers' default init (0.02), so greedy tokens don't hinge on near-ties between vLLM's kernels and
 # transformers' (both in float32).

@@ -155,7 +155,7 @@ def main():
     import logging
 
     import nrl_shim
-    from nrl_shim import _vllm
+    from nrl_shim.quirks import _vllm
 
     logging.getLogger("vllm").setLevel(logging.ERROR)
     _vllm.use_cpu_platform_if_no_device()

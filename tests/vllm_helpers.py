@@ -12,7 +12,7 @@ import pytest
 from conftest import run_json
 from packaging.version import Version
 
-from nrl_shim._tiny_configs import CONFIGS, write_config
+from nrl_shim.explain.tiny_configs import CONFIGS, write_config
 from nrl_shim.libraries import find
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -5,15 +5,14 @@ one rank, runs without complaint. While a CP context is active, the SDPA that CP
 with an attn_mask raises one clear error first; calls without a mask go to CP's function unchanged.
 """
 
+from . import _versions
+
 ID = "cp-attention-mask"
 SUMMARY = "inside context_parallel: SDPA called with an attn_mask raises a clear error (torch CP supports no mask/bias)"
 LINK = "https://github.com/pytorch/pytorch/blob/134179474539648ba7dee1317959529fbd0e7f89/torch/distributed/tensor/experimental/_attention.py#L262"
 LIBRARY = "torch"
-VERSIONS = ">=2.6,<2.16"
-TARGETS = (
-    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
-    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
-)
+VERSIONS = _versions.TORCH_CP
+TARGETS = _versions.CP_MODULES
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -56,13 +55,13 @@ def _install_guard():
 
 
 def patch(module, settings):
-    from .. import _torch_cp
+    from . import _torch_cp
 
     _torch_cp.install(module, ID, after=_install_guard)
 
 
 def unpatch(module):
-    from .. import _torch_cp
+    from . import _torch_cp
 
     _torch_cp.uninstall(module, ID)
 

@@ -7,23 +7,24 @@ flash kernel is needed. Every flash variant of transformers goes through `_flash
 
 import sys
 
+from . import _versions
+
 ID = "cp-flash-attention"
 SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = ">=4.51,<6"
-ALSO_REQUIRES = {"torch": ">=2.6,<2.16"}  # the guard acts through torch's context_parallel
+VERSIONS = _versions.TRANSFORMERS_CP
+ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
 _UTILS = "transformers.modeling_flash_attention_utils"
 _NAME = "_flash_attention_forward"
 TARGETS = (
-    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
-    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
+    *_versions.CP_MODULES,
     _UTILS,
 )
 
 
 def _flash_guard(wrapped, instance, args, kwargs):
-    from .. import _torch_cp
+    from . import _torch_cp
 
     if not _torch_cp.active():
         return wrapped(*args, **kwargs)
@@ -54,8 +55,8 @@ def _rebind(old, new):
 
 
 def patch(module, settings):
-    from .. import _torch_cp
     from ..patching import wrap
+    from . import _torch_cp
 
     if module.__name__ != _UTILS:
         return _torch_cp.install(module, ID)  # only to know when a CP context is active
@@ -65,8 +66,8 @@ def patch(module, settings):
 
 
 def unpatch(module):
-    from .. import _torch_cp
     from ..patching import unwrap
+    from . import _torch_cp
 
     if module.__name__ != _UTILS:
         return _torch_cp.uninstall(module, ID)

@@ -3,24 +3,22 @@ the sequence is longer than the window, and torch's CP supports SDPA only withou
 A Gemma-3 forward started inside a CP context raises one clear error before any attention runs.
 """
 
+from . import _versions
+
 ID = "cp-gemma3"
 SUMMARY = "inside context_parallel: a Gemma-3 forward raises a clear error before any attention runs (NeMo RL refuses it)"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = ">=4.51,<6"
-ALSO_REQUIRES = {"torch": ">=2.6,<2.16"}  # the guard acts through torch's context_parallel
+VERSIONS = _versions.TRANSFORMERS_CP
+ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
 _MODELING = "transformers.models.gemma3.modeling_gemma3"
-TARGETS = (
-    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
-    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
-    _MODELING,
-)
+TARGETS = (*_versions.CP_MODULES, _MODELING)
 _REQUIRED = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _OPTIONAL = ("Gemma3TextModel", "Gemma3Model")  # the bare models (AutoModel, sequence classification heads)
 
 
 def _forward_guard(wrapped, instance, args, kwargs):
-    from .. import _torch_cp
+    from . import _torch_cp
 
     if not _torch_cp.active():
         return wrapped(*args, **kwargs)
@@ -44,8 +42,8 @@ def _forward_guard(wrapped, instance, args, kwargs):
 
 
 def patch(module, settings):
-    from .. import _torch_cp
     from ..patching import wrap
+    from . import _torch_cp
 
     if module.__name__ != _MODELING:
         return _torch_cp.install(module, ID)  # only to know when a CP context is active
@@ -56,8 +54,8 @@ def patch(module, settings):
 
 
 def unpatch(module):
-    from .. import _torch_cp
     from ..patching import unwrap
+    from . import _torch_cp
 
     if module.__name__ != _MODELING:
         return _torch_cp.uninstall(module, ID)

@@ -6,15 +6,16 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 
 import sys
 
+from . import _versions
+
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/659"
 LIBRARY = "torch"
-VERSIONS = ">=2.6,<2.16"
+VERSIONS = _versions.TORCH_CP
 _API = "torch.distributed.tensor.parallel.api"
 TARGETS = (
-    "torch.distributed.tensor.experimental._context_parallel._attention",  # torch 2.10+
-    "torch.distributed.tensor.experimental._attention",  # torch 2.6-2.9 (a re-export stub on 2.10+)
+    *_versions.CP_MODULES,
     _API,
 )
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
@@ -54,7 +55,7 @@ def _describe(module, mesh, paths):
 
 
 def _parallelize_guard(wrapped, instance, args, kwargs):
-    from .. import _torch_cp
+    from . import _torch_cp
 
     module = args[0] if args else kwargs.get("module")
     mesh = args[1] if len(args) > 1 else kwargs.get("device_mesh")
@@ -86,8 +87,8 @@ def patch(module, settings):
     import threading
     import weakref
 
-    from .. import _torch_cp
     from ..patching import wrap
+    from . import _torch_cp
 
     if _applied is None:
         _applied, _nested = weakref.WeakKeyDictionary(), threading.local()
@@ -102,8 +103,8 @@ def patch(module, settings):
 
 
 def unpatch(module):
-    from .. import _torch_cp
     from ..patching import unwrap
+    from . import _torch_cp
 
     if module.__name__ != _API:
         return _torch_cp.uninstall(module, ID)

@@ -11,12 +11,13 @@ timeout error.
 import time
 
 from ..settings import Variable, parse_seconds
+from . import _versions
 
 ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
 LIBRARY = "vllm"
-VERSIONS = ">=0.8.5,<0.34"
+VERSIONS = _versions.VLLM
 TARGETS = ("vllm.v1.engine.async_llm",)
 SETTINGS = (
     Variable("NRL_VLLM_ASYNC_TIMEOUT_SECONDS", "async_timeout_s", parse_seconds, 600.0, "positive number",

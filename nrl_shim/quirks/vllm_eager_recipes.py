@@ -13,12 +13,13 @@ import os
 import sys
 
 from ..settings import Variable, parse_word, parse_words
+from . import _versions
 
 ID = "vllm-eager-recipes"
 SUMMARY = "recipes that converge badly with CUDA graphs (DeepScaleR 1.5B): vLLM enforce_eager=True"
 LINK = "https://github.com/NVIDIA-NeMo/RL/pull/857"
 LIBRARY = "vllm"
-VERSIONS = ">=0.8.5,<0.34"
+VERSIONS = _versions.VLLM
 TARGETS = ("vllm.engine.arg_utils",)
 SETTINGS = (
     Variable("NRL_SHIM_RECIPE", "recipe", parse_word, None, "recipe name, e.g. `grpo-deepscaler-1.5b-8K`",
@@ -146,13 +147,13 @@ def fix_engine_args(engine_args, settings):
 
 
 def patch(module, settings):
-    from .._vllm import wrap_engine_config
+    from ._vllm import wrap_engine_config
 
     wrap_engine_config(module, ID, fix_engine_args, settings)
 
 
 def unpatch(module):
-    from .._vllm import unwrap_engine_config
+    from ._vllm import unwrap_engine_config
 
     unwrap_engine_config(module, ID)
 

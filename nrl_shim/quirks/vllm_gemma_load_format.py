@@ -7,12 +7,13 @@ every release; so do we by default. Applied in EngineArgs.create_engine_config()
 """
 
 from ..settings import Variable, choice
+from . import _versions
 
 ID = "vllm-gemma-load-format"
 SUMMARY = "Gemma-2/3 models: vLLM load_format 'dummy' -> 'auto' (dummy init corrupts the normalizer buffer)"
 LINK = "https://github.com/vllm-project/vllm/pull/19788"
 LIBRARY = "vllm"
-VERSIONS = ">=0.8.5,<0.34"
+VERSIONS = _versions.VLLM
 TARGETS = ("vllm.engine.arg_utils",)
 MODES = ("always", "affected", "off")
 SETTINGS = (
@@ -53,12 +54,12 @@ def _auto_like(load_format):
 
 def fix_engine_args(engine_args, settings):
     """Turn dummy into auto on `engine_args` (in place) when it is a Gemma model and the mode says so."""
-    from .._vllm import installed_version
+    from ._vllm import installed_version
 
     load_format = getattr(engine_args, "load_format", None)
     if settings is None or not _is_dummy(load_format) or not mode_applies(settings.gemma_load_format, installed_version()):
         return
-    from .. import hf_config
+    from . import _hf_config as hf_config
 
     model = getattr(engine_args, "hf_config_path", None) or engine_args.model
     model_type = hf_config.model_type(model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None))
@@ -76,13 +77,13 @@ def fix_engine_args(engine_args, settings):
 
 
 def patch(module, settings):
-    from .._vllm import wrap_engine_config
+    from ._vllm import wrap_engine_config
 
     wrap_engine_config(module, ID, fix_engine_args, settings)
 
 
 def unpatch(module):
-    from .._vllm import unwrap_engine_config
+    from ._vllm import unwrap_engine_config
 
     unwrap_engine_config(module, ID)
 

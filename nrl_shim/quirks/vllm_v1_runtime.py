@@ -11,12 +11,13 @@
 import os
 
 from ..settings import Variable, parse_bool
+from . import _versions
 
 ID = "vllm-v1-runtime"
 SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
-VERSIONS = ">=0.8.5,<0.34"
+VERSIONS = _versions.VLLM
 TARGETS = ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm")
 SETTINGS = (
     Variable("NRL_VLLM_USE_V1", "vllm_use_v1", parse_bool, True, "`1` / `0`",
@@ -30,7 +31,7 @@ _ASYNC_FACTORIES = ("from_engine_args", "from_vllm_config")
 
 def apply_variable(use_v1, environ=None):
     """Set VLLM_USE_V1 from NRL_VLLM_USE_V1 on releases that read it; log what changed."""
-    from .._vllm import version_at_least
+    from ._vllm import version_at_least
 
     environ = os.environ if environ is None else environ
     if use_v1 is None or version_at_least(VARIABLE_REMOVED_IN):
@@ -55,8 +56,8 @@ def check_v0_available(use_v1, is_async=False):
     """Raise UnsupportedConfigError when V0 is asked for where it cannot run."""
     if use_v1 is None or use_v1:
         return
-    from .._vllm import installed_version, version_at_least
     from ..errors import UnsupportedConfigError
+    from ._vllm import installed_version, version_at_least
 
     if is_async:
         raise UnsupportedConfigError(

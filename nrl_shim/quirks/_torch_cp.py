@@ -17,11 +17,9 @@ import inspect
 import sys
 import threading
 
-# The CP quirks gate on torch >=2.6,<2.16 (LIBRARY or ALSO_REQUIRES): verified 2.6, 2.7.1, 2.8, 2.9 (code in
-# _attention.py) and 2.14 (code in _context_parallel/_attention.py).
-LEGACY = "torch.distributed.tensor.experimental._attention"  # the real code on 2.6-2.9, a re-export stub on 2.10+
-CURRENT = "torch.distributed.tensor.experimental._context_parallel._attention"  # the real code on 2.10+
-TARGETS = (CURRENT, LEGACY)  # real module first, so the stub's names can be refreshed right after
+from ._versions import CP_MODULES as TARGETS  # gated on _versions.TORCH_CP by each CP quirk
+
+CURRENT, LEGACY = TARGETS  # the real code on 2.10+; the real code on 2.6-2.9 and a re-export stub on 2.10+
 _ALIASES = ("torch.distributed.tensor.experimental", LEGACY)  # modules that re-export context_parallel
 _LAYER = "cp-context"  # the id of our one wrapt layer on context_parallel
 
@@ -38,7 +36,7 @@ def active():
 def install(module, quirk_id, before=None, after=None):
     """Called from a CP quirk's patch(module) for each CP target module. Raises AttributeError/ImportError for a layout
     we do not know (the core turns that into a skip with one warning)."""
-    from .patching import wrap
+    from ..patching import wrap
 
     if not _is_real(module):
         _sync_aliases()  # the 2.10+ stub: the real module carries the wrapper; make the stub's name point at it
@@ -51,7 +49,7 @@ def install(module, quirk_id, before=None, after=None):
 
 def uninstall(module, quirk_id):
     """Called from a CP quirk's unpatch(module). The wrapper goes when the last CP quirk is unpatched."""
-    from .patching import unwrap
+    from ..patching import unwrap
 
     if not hasattr(module, "context_parallel"):
         return

