@@ -5,9 +5,9 @@ wrapt (~59 ms to import) is loaded by the first patch() that needs it. Targets i
 patched by activate() itself.
 """
 
+import _thread  # not `threading`: it drags functools/collections into every interpreter start-up
 import os
 import sys
-import _thread  # not `threading`: it drags functools/collections into every interpreter start-up
 
 from . import registry
 from .errors import QuirkSkippedError, ShimError

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from . import __version__, registry
-from ._argparse import EXIT_USAGE, OneLineErrorParser
+from ._argparse import OneLineErrorParser
 from .errors import ShimError
 
 LIBRARIES = ("vllm", "torch", "transformers", "ray", "wrapt", "packaging")

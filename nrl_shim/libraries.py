@@ -64,7 +64,8 @@ def _package_location(name: str) -> str | None:
 
 def _owner(distribution: str, location: str, name: str) -> str | None:
     """The distribution's own name when its files include `location` (the package's __init__), else None."""
-    from importlib.metadata import PackageNotFoundError, distribution as get_distribution
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import distribution as get_distribution
 
     try:
         dist = get_distribution(distribution)

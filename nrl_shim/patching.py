@@ -92,3 +92,12 @@ def is_wrapped(owner, name, quirk_id):
     except AttributeError:
         return False
     return layer is not None and layer.enabled
+
+
+def rebind(modules, name, old, new):
+    """Point `modules`' own copies of `name` (taken by `from x import name`, e.g. a package re-export imported before
+    activation) from `old` to `new`. Only copies that still hold `old` are touched, never a user's replacement;
+    `__dict__` is read directly, so lazy modules (transformers) import nothing."""
+    for module in modules:
+        if module is not None and getattr(module, "__dict__", {}).get(name) is old:
+            setattr(module, name, new)

@@ -7,7 +7,8 @@ A quirk module declares (ddtrace/OpenTelemetry style):
                                centrally with the core's (registry.variables())
     ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
                                that acts through torch's context_parallel)
-    TARGETS                 -- module names; patch(module) runs once each is imported (before or after activation)
+    TARGETS                 -- module names, each patched once imported (before or after activation): a tuple (the
+                               module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
     patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
                                active Settings, handed down by activation (quirks never import activation)
     setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
@@ -42,9 +43,12 @@ class Quirk:
         self.library = module.LIBRARY
         self.versions = module.VERSIONS
         self.also_requires = dict(getattr(module, "ALSO_REQUIRES", {}))
-        self.targets = tuple(module.TARGETS)
-        self.patch = module.patch
-        self.unpatch = module.unpatch
+        targets = module.TARGETS
+        if isinstance(targets, dict):  # {module name: (patch, unpatch)}: each target its own functions
+            self._handlers = dict(targets)
+        else:  # a tuple of module names, all handled by the module's patch/unpatch
+            self._handlers = {name: (module.patch, module.unpatch) for name in targets}
+        self.targets = tuple(self._handlers)
         self.setup = getattr(module, "setup", None)
         self.describe = getattr(module, "describe", None)
         self.idle = getattr(module, "idle", None)
@@ -52,6 +56,12 @@ class Quirk:
 
     def __repr__(self):
         return f"<Quirk {self.id} {self.library}{self.versions}>"
+
+    def patch(self, module, settings):
+        self._handlers[module.__name__][0](module, settings)
+
+    def unpatch(self, module):
+        self._handlers[module.__name__][1](module)
 
     def gate(self):
         """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed

@@ -6,13 +6,13 @@ with an attn_mask raises one clear error first; calls without a mask go to CP's 
 """
 
 from . import _versions
+from ._cp_targets import cp_targets
 
 ID = "cp-attention-mask"
 SUMMARY = "inside context_parallel: SDPA called with an attn_mask raises a clear error (torch CP supports no mask/bias)"
 LINK = "https://github.com/pytorch/pytorch/blob/134179474539648ba7dee1317959529fbd0e7f89/torch/distributed/tensor/experimental/_attention.py#L262"
 LIBRARY = "torch"
 VERSIONS = _versions.TORCH_CP
-TARGETS = _versions.CP_MODULES
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -54,16 +54,8 @@ def _install_guard():
     return lambda: unwrap(F, _SDPA, ID)
 
 
-def patch(module, settings):
-    from . import _torch_cp
-
-    _torch_cp.install(module, ID, after=_install_guard)
-
-
-def unpatch(module):
-    from . import _torch_cp
-
-    _torch_cp.uninstall(module, ID)
+# Defined after the hooks it names.
+TARGETS = cp_targets(ID, after=_install_guard)
 
 
 def describe(settings, version):

@@ -8,6 +8,7 @@ flash kernel is needed. Every flash variant of transformers goes through `_flash
 import sys
 
 from . import _versions
+from ._cp_targets import cp_targets
 
 ID = "cp-flash-attention"
 SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"
@@ -17,10 +18,6 @@ VERSIONS = _versions.TRANSFORMERS_CP
 ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
 _UTILS = "transformers.modeling_flash_attention_utils"
 _NAME = "_flash_attention_forward"
-TARGETS = (
-    *_versions.CP_MODULES,
-    _UTILS,
-)
 
 
 def _flash_guard(wrapped, instance, args, kwargs):
@@ -45,36 +42,31 @@ def _flash_guard(wrapped, instance, args, kwargs):
     )
 
 
-def _rebind(old, new):
+def _other_transformers_modules():
     # Modules that did `from ..modeling_flash_attention_utils import _flash_attention_forward` before we patched
     # (transformers imported before activation) hold their own copy of the name.
-    for name, mod in list(sys.modules.items()):
-        # __dict__, not getattr(): transformers' lazy modules would import submodules on a missing attribute.
-        if name.startswith("transformers.") and name != _UTILS and getattr(mod, "__dict__", {}).get(_NAME) is old:
-            setattr(mod, _NAME, new)
+    return [mod for name, mod in list(sys.modules.items()) if name.startswith("transformers.") and name != _UTILS]
 
 
-def patch(module, settings):
-    from ..patching import wrap
-    from . import _torch_cp
+def patch_utils(module, settings):
+    from ..patching import rebind, wrap
 
-    if module.__name__ != _UTILS:
-        return _torch_cp.install(module, ID)  # only to know when a CP context is active
     old = getattr(module, _NAME)
     wrap(module, _NAME, _flash_guard, ID)
-    _rebind(old, getattr(module, _NAME))
+    rebind(_other_transformers_modules(), _NAME, old, getattr(module, _NAME))
 
 
-def unpatch(module):
-    from ..patching import unwrap
-    from . import _torch_cp
+def unpatch_utils(module):
+    from ..patching import rebind, unwrap
 
-    if module.__name__ != _UTILS:
-        return _torch_cp.uninstall(module, ID)
     old = getattr(module, _NAME, None)
     unwrap(module, _NAME, ID)
     if old is not None and getattr(module, _NAME) is not old:
-        _rebind(old, getattr(module, _NAME))
+        rebind(_other_transformers_modules(), _NAME, old, getattr(module, _NAME))
+
+
+# The CP modules only to know when a CP context is active; the flash-attention utils for the guard itself.
+TARGETS = {**cp_targets(ID), _UTILS: (patch_utils, unpatch_utils)}
 
 
 def describe(settings, version):

@@ -4,6 +4,7 @@ A Gemma-3 forward started inside a CP context raises one clear error before any 
 """
 
 from . import _versions
+from ._cp_targets import cp_targets
 
 ID = "cp-gemma3"
 SUMMARY = "inside context_parallel: a Gemma-3 forward raises a clear error before any attention runs (NeMo RL refuses it)"
@@ -12,7 +13,6 @@ LIBRARY = "transformers"
 VERSIONS = _versions.TRANSFORMERS_CP
 ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
 _MODELING = "transformers.models.gemma3.modeling_gemma3"
-TARGETS = (*_versions.CP_MODULES, _MODELING)
 _REQUIRED = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _OPTIONAL = ("Gemma3TextModel", "Gemma3Model")  # the bare models (AutoModel, sequence classification heads)
 
@@ -41,27 +41,25 @@ def _forward_guard(wrapped, instance, args, kwargs):
     )
 
 
-def patch(module, settings):
+def patch_modeling(module, settings):
     from ..patching import wrap
-    from . import _torch_cp
 
-    if module.__name__ != _MODELING:
-        return _torch_cp.install(module, ID)  # only to know when a CP context is active
     classes = [getattr(module, name) for name in _REQUIRED]  # AttributeError (unknown layout) before any change
     classes += [getattr(module, name) for name in _OPTIONAL if hasattr(module, name)]
     for cls in classes:
         wrap(cls, "forward", _forward_guard, ID)
 
 
-def unpatch(module):
+def unpatch_modeling(module):
     from ..patching import unwrap
-    from . import _torch_cp
 
-    if module.__name__ != _MODELING:
-        return _torch_cp.uninstall(module, ID)
     for name in _REQUIRED + _OPTIONAL:
         if hasattr(module, name):
             unwrap(getattr(module, name), "forward", ID)
+
+
+# The CP modules only to know when a CP context is active; the modeling module for the guard itself.
+TARGETS = {**cp_targets(ID), _MODELING: (patch_modeling, unpatch_modeling)}
 
 
 def describe(settings, version):

@@ -7,6 +7,7 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 import sys
 
 from . import _versions
+from ._cp_targets import cp_targets
 
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
@@ -14,10 +15,6 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/issues/659"
 LIBRARY = "torch"
 VERSIONS = _versions.TORCH_CP
 _API = "torch.distributed.tensor.parallel.api"
-TARGETS = (
-    *_versions.CP_MODULES,
-    _API,
-)
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 
 # Made in patch(): threading/weakref are not worth importing at every interpreter start-up.
@@ -82,37 +79,31 @@ def _check_on_enter():
                      f"parallelize_module applied SequenceParallel to {'; '.join(applied)}")
 
 
-def patch(module, settings):
+def patch_api(module, settings):
     global _applied, _nested
     import threading
     import weakref
 
-    from ..patching import wrap
-    from . import _torch_cp
+    from ..patching import rebind, wrap
 
     if _applied is None:
         _applied, _nested = weakref.WeakKeyDictionary(), threading.local()
-
-    if module.__name__ != _API:
-        return _torch_cp.install(module, ID, before=_check_on_enter)
     old = module.parallelize_module
     wrap(module, "parallelize_module", _parallelize_guard, ID)
-    package = sys.modules.get(_PACKAGE)  # imported before activation: its re-export is the unwrapped function
-    if package is not None and getattr(package, "parallelize_module", None) is old:
-        package.parallelize_module = module.parallelize_module
+    # The package re-exports it; imported before activation, it still holds the unwrapped function.
+    rebind([sys.modules.get(_PACKAGE)], "parallelize_module", old, module.parallelize_module)
 
 
-def unpatch(module):
-    from ..patching import unwrap
-    from . import _torch_cp
+def unpatch_api(module):
+    from ..patching import rebind, unwrap
 
-    if module.__name__ != _API:
-        return _torch_cp.uninstall(module, ID)
     old = module.parallelize_module
     unwrap(module, "parallelize_module", ID)
-    package = sys.modules.get(_PACKAGE)
-    if package is not None and getattr(package, "parallelize_module", None) is old:
-        package.parallelize_module = module.parallelize_module
+    rebind([sys.modules.get(_PACKAGE)], "parallelize_module", old, module.parallelize_module)
+
+
+# The CP modules to check on entering CP; parallelize_module's module to remember (and refuse) SP.
+TARGETS = {**cp_targets(ID, before=_check_on_enter), _API: (patch_api, unpatch_api)}
 
 
 def describe(settings, version):

@@ -32,7 +32,6 @@ SUMMARY = ("ray.init(): every worker of the job runs the shim, whatever its inte
 LINK = "https://docs.ray.io/en/latest/ray-core/handling-dependencies.html#runtime-environments"
 LIBRARY = "ray"
 VERSIONS = ">=2.0"
-TARGETS = ("ray._private.worker", "ray.actor", "ray.remote_function")
 SETTINGS = (
     Variable("NRL_SHIM_RAY_SHIP", "ray_ship", parse_bool, True, "`1` / `0`",
              "ship the shim to every Ray worker of the job (`py_modules` + worker setup hook; see \"Ray\"); `0`: "
@@ -225,35 +224,45 @@ def _task_runtime_env_wrapper(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def patch(module, settings):
-    from ..patching import wrap
+def patch_worker(module, settings):
+    from ..patching import rebind, wrap
 
-    if module.__name__ != "ray._private.worker":
-        # ray.actor and ray.remote_function bind Ray's helper by name: wrap it where it is used.
-        wrap(module, "get_runtime_env_info", _task_runtime_env_wrapper, ID)
-        return
     def init_wrapper(wrapped, instance, args, kwargs):
         return _init_wrapper(wrapped, instance, args, kwargs, settings)
 
     original = module.init
     wrap(module, "init", init_wrapper, ID)
     # `ray` binds `init` from this module; after the fact (ray imported before activation) rebind it too.
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "init", None) is original:
-        ray.init = module.init
+    rebind([sys.modules.get("ray")], "init", original, module.init)
 
 
-def unpatch(module):
-    from ..patching import unwrap
+def unpatch_worker(module):
+    from ..patching import rebind, unwrap
 
-    if module.__name__ != "ray._private.worker":
-        unwrap(module, "get_runtime_env_info", ID)
-        return
     wrapped = module.init
     unwrap(module, "init", ID)
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "init", None) is wrapped and module.init is not wrapped:
-        ray.init = module.init
+    if module.init is not wrapped:
+        rebind([sys.modules.get("ray")], "init", wrapped, module.init)
+
+
+def patch_submission(module, settings):
+    from ..patching import wrap
+
+    # ray.actor and ray.remote_function bind Ray's helper by name: wrap it where it is used.
+    wrap(module, "get_runtime_env_info", _task_runtime_env_wrapper, ID)
+
+
+def unpatch_submission(module):
+    from ..patching import unwrap
+
+    unwrap(module, "get_runtime_env_info", ID)
+
+
+TARGETS = {
+    "ray._private.worker": (patch_worker, unpatch_worker),
+    "ray.actor": (patch_submission, unpatch_submission),
+    "ray.remote_function": (patch_submission, unpatch_submission),
+}
 
 
 def describe(settings, version):

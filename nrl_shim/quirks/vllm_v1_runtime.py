@@ -18,7 +18,6 @@ SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has 
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
-TARGETS = ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm")
 SETTINGS = (
     Variable("NRL_VLLM_USE_V1", "vllm_use_v1", parse_bool, True, "`1` / `0`",
              "vLLM engine: V1, or V0 where it still exists (vLLM < 0.11.0; never with the async engine)"),
@@ -71,7 +70,11 @@ def check_v0_available(use_v1, is_async=False):
             f"or install vLLM < {V0_REMOVED_IN}.")
 
 
-def patch(module, settings):
+def patch_envs(module, settings):
+    apply_variable(settings.vllm_use_v1)
+
+
+def patch_arg_utils(module, settings):
     from ..patching import wrap
 
     use_v1 = settings.vllm_use_v1
@@ -81,28 +84,44 @@ def patch(module, settings):
         apply_variable(use_v1)  # again: a user may have changed os.environ after vLLM was imported
         return wrapped(*args, **kwargs)
 
+    wrap(module.EngineArgs, "create_engine_config", create_engine_config_wrapper, ID)
+
+
+def unpatch_arg_utils(module):
+    from ..patching import unwrap
+
+    unwrap(module.EngineArgs, "create_engine_config", ID)
+
+
+def patch_async_llm(module, settings):
+    from ..patching import wrap
+
+    use_v1 = settings.vllm_use_v1
+
     def async_engine_wrapper(wrapped, instance, args, kwargs):
         check_v0_available(use_v1, is_async=True)
         return wrapped(*args, **kwargs)
 
-    if module.__name__ == "vllm.envs":
-        apply_variable(use_v1)
-    elif module.__name__ == "vllm.engine.arg_utils":
-        wrap(module.EngineArgs, "create_engine_config", create_engine_config_wrapper, ID)
-    else:
-        for name in ("__init__",) + _ASYNC_FACTORIES:
-            wrap(module.AsyncLLM, name, async_engine_wrapper, ID)
+    for name in ("__init__",) + _ASYNC_FACTORIES:
+        wrap(module.AsyncLLM, name, async_engine_wrapper, ID)
 
 
-def unpatch(module):
+def unpatch_async_llm(module):
     from ..patching import unwrap
 
-    if module.__name__ == "vllm.engine.arg_utils":
-        unwrap(module.EngineArgs, "create_engine_config", ID)
-    elif module.__name__ == "vllm.v1.engine.async_llm":
-        for name in ("__init__",) + _ASYNC_FACTORIES:
-            unwrap(module.AsyncLLM, name, ID)
-    # VLLM_USE_V1 stays: vLLM may already have read it, and child processes must see the same engine choice.
+    for name in ("__init__",) + _ASYNC_FACTORIES:
+        unwrap(module.AsyncLLM, name, ID)
+
+
+def _keep_variable(module):
+    pass  # VLLM_USE_V1 stays: vLLM may already have read it, and child processes must see the same engine choice
+
+
+TARGETS = {
+    "vllm.envs": (patch_envs, _keep_variable),  # as soon as vLLM reads its environment
+    "vllm.engine.arg_utils": (patch_arg_utils, unpatch_arg_utils),
+    "vllm.v1.engine.async_llm": (patch_async_llm, unpatch_async_llm),
+}
 
 
 def describe(settings, version):
