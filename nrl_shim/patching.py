@@ -5,6 +5,9 @@ If another wrapper was stacked over ours, removing ours would need rewriting the
 layer into a pass-through and a later wrap() turns it back on: either way the fix is applied exactly once.
 """
 
+import sys
+import types
+
 import wrapt
 
 
@@ -32,7 +35,31 @@ class _ShimWrapper(wrapt.FunctionWrapper):
 
     def __reduce_ex__(self, protocol):
         # Pickle by reference, like the module-level function it stands in for (found again by name on load).
-        return self.__qualname__
+        home = getattr(self, "_self_home", None)
+        if home is None or _lookup(self.__module__, self.__qualname__) is self:
+            return self.__qualname__
+        # A re-exported name we wrapped where it is used (e.g. ray.actor's copy of a ray._private.utils function):
+        # "getattr(<that module>, name)". The module travels as import_module(name), so unpickling needs no nrl_shim.
+        return getattr, (_ModuleByName(home), self.__name__)
+
+
+class _ModuleByName:
+    """Pickles as importlib.import_module(name): only its reduce value is stored, not this class."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        import importlib
+
+        return importlib.import_module, (self.name,)
+
+
+def _lookup(module_name, qualname):
+    obj = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _defined_on(owner, name):
@@ -64,7 +91,9 @@ def wrap(owner, name, wrapper, quirk_id):
     if layer is not None:
         layer.wrapper, layer.enabled = wrapper, True  # re-activation: the new settings' wrapper takes over
         return
-    wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),))
+    shim = wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),))
+    if isinstance(owner, types.ModuleType):
+        shim._self_home = owner.__name__  # where this wrapper lives, for pickling re-exported names
 
 
 def unwrap(owner, name, quirk_id):

@@ -21,13 +21,22 @@ from .._argparse import OneLineErrorParser
 
 DEMO_RECIPE = "grpo-deepscaler-1.5b-8K"
 DEMO_PREFIX = "demo:"
-V1_QUIRK = "vllm-v1-runtime"
 _ABSENT = "<absent>"
 _IGNORED = ("instance_id",)  # random per process
+
+
+def _declared(attribute):
+    """{field or prefix: quirk id} from what the quirks declare (EXPLAIN_FIELDS, EXPLAIN_DERIVED, EXPLAIN_ENV)."""
+    from .. import registry
+
+    return {item: q.id for q in registry.quirks() for item in getattr(q.module, attribute, ())}
+
+
 # Config fields a quirk sets directly; anything else that differs follows from those.
-_DIRECT = {"load_config.load_format": "vllm-gemma-load-format", "model_config.enforce_eager": "vllm-eager-recipes"}
-# Derived from enforce_eager by vLLM (CUDA-graph capture sizes, compilation level/mode...).
-_DERIVED_PREFIXES = {"compilation_config.": "vllm-eager-recipes", "kernel_config.": "vllm-eager-recipes"}
+_DIRECT = _declared("EXPLAIN_FIELDS")
+# Derived from a quirk's fields by vLLM (CUDA-graph capture sizes, compilation level/mode...).
+_DERIVED_PREFIXES = _declared("EXPLAIN_DERIVED")
+V1_QUIRK = _declared("EXPLAIN_ENV")["VLLM_USE_V1"]
 
 
 def _positive_seconds(raw):

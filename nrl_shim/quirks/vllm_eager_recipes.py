@@ -21,6 +21,8 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/pull/857"
 LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
 TARGETS = ("vllm.engine.arg_utils",)
+EXPLAIN_FIELDS = ("model_config.enforce_eager",)  # engine-config fields this fix sets (for `nrl-shim explain`)
+EXPLAIN_DERIVED = ("compilation_config.", "kernel_config.")  # what vLLM derives from enforce_eager (graph sizes...)
 SETTINGS = (
     Variable("NRL_SHIM_RECIPE", "recipe", parse_word, None, "recipe name, e.g. `grpo-deepscaler-1.5b-8K`",
              "recipe for the eager-mode fix; when unset it is detected from the driver's `--config "

@@ -16,6 +16,7 @@ LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
 TARGETS = ("vllm.engine.arg_utils",)
 MODES = ("always", "affected", "off")
+EXPLAIN_FIELDS = ("load_config.load_format",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 SETTINGS = (
     Variable("NRL_SHIM_GEMMA_LOAD_FORMAT", "gemma_load_format", choice(*MODES), "always", "`always` / `affected` / `off`",
              "`always`: as NeMo RL; `affected`: only on vLLM < 0.9.2, where the bug exists (dummy init stays on fixed "

@@ -18,6 +18,7 @@ SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has 
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
+EXPLAIN_ENV = ("VLLM_USE_V1",)  # environment variables this fix sets (for `nrl-shim explain`)
 SETTINGS = (
     Variable("NRL_VLLM_USE_V1", "vllm_use_v1", parse_bool, True, "`1` / `0`",
              "vLLM engine: V1, or V0 where it still exists (vLLM < 0.11.0; never with the async engine)"),

@@ -1,0 +1,113 @@
+"""One quirk through the patcher contract, in a fresh interpreter: `python contract_child.py QUIRK_ID ORDER`.
+
+ORDER "before": targets imported before activation; then activate twice, deactivate, and the same with another
+tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. Prints one JSON
+line. Which attributes a quirk wraps is found, not declared: every attribute of the target modules (and of the classes
+they define) that carries a layer of this quirk after activation.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import json
+import pickle
+import sys
+
+import wrapt
+
+from nrl_shim import activation, registry
+from nrl_shim.patching import _our_layer
+
+
+def importable(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def owners(modules):
+    """(owner, attribute name, object) for every attribute of the modules and of the classes they define."""
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            yield module, name, value
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                for attr, member in list(vars(value).items()):
+                    yield value, attr, member
+
+
+def wrapped_by(quirk_id, modules):
+    return {(id(owner), name): (owner, name, obj) for owner, name, obj in owners(modules)
+            if _our_layer(obj, quirk_id) is not None}
+
+
+def layers(obj, quirk_id):
+    count, seen = 0, set()
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        layer = getattr(obj, "_self_wrapper", None)
+        count += getattr(layer, "quirk_id", None) == quirk_id
+        obj = getattr(obj, "__wrapped__", None)
+    return count
+
+
+def pickles(obj):
+    try:
+        return pickle.loads(pickle.dumps(obj)) is not None
+    except Exception as exc:  # reported, not raised: the test names the attribute
+        return f"{type(exc).__name__}: {exc}"
+
+
+def main():
+    quirk_id, order = sys.argv[1], sys.argv[2]
+    quirk = registry.get(quirk_id)
+    others = [q for q in registry.quirk_ids() if q != quirk_id]
+    settings = registry.load_settings({"NRL_SHIM_DISABLE": ",".join(others)})
+    targets = [t for t in quirk.targets if importable(t)]
+    out = {"targets": targets}
+    if order == "after":
+        activation.activate(settings)
+        modules = [importlib.import_module(t) for t in targets]
+        out["patched"] = sorted(name for qid, name in activation.patched() if qid == quirk_id)
+        out["layers"] = {f"{owner.__name__}.{name}": layers(getattr(owner, name), quirk_id)
+                         for owner, name, _ in wrapped_by(quirk_id, modules).values()}
+        print(json.dumps(out))
+        return
+    modules = [importlib.import_module(t) for t in targets]
+    originals = {(id(o), n): (o, n, v) for o, n, v in owners(modules)}
+    activation.activate(settings)
+    activation.activate(settings)  # twice: still one layer each
+    found = wrapped_by(quirk_id, modules)
+    out["patched"] = sorted(name for qid, name in activation.patched() if qid == quirk_id)
+    out["wrapped"] = {}
+    for key, (owner, name, obj) in found.items():
+        label = f"{owner.__name__}.{name}"
+        original = originals[key][2]
+        entry = {"layers": layers(getattr(owner, name), quirk_id)}
+        if callable(inspect.unwrap(original)) and not isinstance(original, (classmethod, staticmethod)):
+            try:
+                entry["signature_kept"] = inspect.signature(getattr(owner, name)) == inspect.signature(original)
+            except (TypeError, ValueError):
+                entry["signature_kept"] = "no signature"
+            entry["pickles"] = pickles(getattr(owner, name))
+        out["wrapped"][label] = entry
+    activation.deactivate()
+    out["restored"] = {f"{o.__name__}.{n}": vars(o).get(n) is originals[k][2] for k, (o, n, _) in found.items()}
+    # Another tool wrapped the same attributes first: ours goes over theirs, and leaving keeps theirs.
+    def other_tool(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs)
+
+    theirs = {}
+    for key, (owner, name, _) in found.items():
+        wrapt.wrap_function_wrapper(owner, name, other_tool)
+        theirs[key] = vars(owner)[name]
+    activation.activate(settings)
+    out["over_other_tool"] = {f"{o.__name__}.{n}": layers(vars(o)[n], quirk_id) == 1
+                              and vars(o)[n].__wrapped__ is theirs[k] for k, (o, n, _) in found.items()}
+    activation.deactivate()
+    out["other_tool_kept"] = {f"{o.__name__}.{n}": vars(o)[n] is theirs[k] for k, (o, n, _) in found.items()}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
