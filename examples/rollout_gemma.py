@@ -25,9 +25,19 @@ def write_policy(directory):
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                              sliding_window=64, initializer_range=0.3, tie_word_embeddings=False)
+    config = Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        sliding_window=64,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     policy = Gemma3ForCausalLM(config).eval()
     policy.save_pretrained(directory, safe_serialization=True)
@@ -43,7 +53,7 @@ def policy_greedy(policy):
             ids = list(prompt)
             for _ in range(NEW_TOKENS):
                 ids.append(int(policy(torch.tensor([ids])).logits[0, -1].argmax()))
-            out.append(ids[len(prompt):])
+            out.append(ids[len(prompt) :])
     return out
 
 
@@ -55,8 +65,15 @@ def main():
         say("starting vLLM with load_format='dummy' (as RL frameworks do; ~10-30 s on a CPU) ...")
         from vllm import LLM, SamplingParams
 
-        llm = LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype="float32", max_model_len=128,
-                  enforce_eager=True, gpu_memory_utilization=0.2)
+        llm = LLM(
+            model=directory,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype="float32",
+            max_model_len=128,
+            enforce_eager=True,
+            gpu_memory_utilization=0.2,
+        )
         load_format = llm.llm_engine.vllm_config.load_config.load_format
         say(f"engine load_format: {getattr(load_format, 'value', load_format)}")
         params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, detokenize=False)

@@ -26,12 +26,11 @@ import nrl_shim  # noqa: E402  (activates the shim before torch is imported, as 
 def main():
     import torch
     import torch.distributed as dist
+    import torch.distributed.tensor.experimental as experimental
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
-
-    import torch.distributed.tensor.experimental as experimental
 
     # CP_CHECK_DEVICE=cpu: a smoke run of this script's own logic without a GPU (the Llama check then fails: CPU SDPA
     # has no CP handler).
@@ -61,9 +60,22 @@ def main():
         return None
 
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                         attn_implementation="sdpa")).to(device, dtype).eval()
+    llama = (
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=128,
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=512,
+                attn_implementation="sdpa",
+            )
+        )
+        .to(device, dtype)
+        .eval()
+    )
     with torch.no_grad():
         ids = (torch.arange(seq, device=device) % 100).view(1, seq)
         reference = llama(input_ids=ids, position_ids=torch.arange(seq, device=device).view(1, seq)).logits.float()
@@ -76,10 +88,24 @@ def main():
     results["llama"]["sdpa_restored"] = F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
 
     torch.manual_seed(0)
-    gemma = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=128, hidden_size=256, intermediate_size=512,
-                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                               head_dim=64, max_position_embeddings=512, sliding_window=64,
-                                               attn_implementation="sdpa")).to(device, dtype).eval()
+    gemma = (
+        Gemma3ForCausalLM(
+            Gemma3TextConfig(
+                vocab_size=128,
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=64,
+                max_position_embeddings=512,
+                sliding_window=64,
+                attn_implementation="sdpa",
+            )
+        )
+        .to(device, dtype)
+        .eval()
+    )
     with torch.no_grad():
         results["gemma3"] = caught(lambda: under_cp(gemma)) or {"shim": False, "msg": "no error"}
         results["gemma3"]["sdpa_restored"] = F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
@@ -94,7 +120,8 @@ def main():
 
     checks = {
         "llama_matches_without_cp": results["llama"]["match"] and results["llama"]["sdpa_restored"],
-        "gemma3_shim_error": results["gemma3"]["shim"] and "Gemma3ForCausalLM" in results["gemma3"]["msg"]
+        "gemma3_shim_error": results["gemma3"]["shim"]
+        and "Gemma3ForCausalLM" in results["gemma3"]["msg"]
         and results["gemma3"]["sdpa_restored"],
         "mask_shim_error": results["mask"]["shim"] and "attn_mask" in results["mask"]["msg"],
     }

@@ -34,9 +34,18 @@ def make_model(path):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                              sliding_window=128, torch_dtype="float32")
+    config = Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=512,
+        sliding_window=128,
+        torch_dtype="float32",
+    )
     model = Gemma3ForCausalLM(config).eval()
     with torch.no_grad():  # layers strong against the (tied) embedding, so the model does not just echo its input
         for name, p in model.named_parameters():
@@ -45,7 +54,7 @@ def make_model(path):
     model.save_pretrained(path, safe_serialization=True)
     with torch.no_grad():
         out = model.generate(torch.tensor(PROMPTS), max_new_tokens=MAX_TOKENS, do_sample=False, top_k=None, top_p=None)
-    return out[:, len(PROMPTS[0]):].tolist()
+    return out[:, len(PROMPTS[0]) :].tolist()
 
 
 def run_vllm(path):
@@ -54,8 +63,16 @@ def run_vllm(path):
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=path, load_format="dummy", dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
-              gpu_memory_utilization=0.3, max_model_len=256, seed=0)
+    llm = LLM(
+        model=path,
+        load_format="dummy",
+        dtype="float32",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=256,
+        seed=0,
+    )
     load_format = str(getattr(llm.llm_engine.vllm_config.load_config, "load_format", "?"))
 
     def refit(model):
@@ -85,8 +102,9 @@ def child(mode, path):
 def _run(python, mode, path, shim):
     env = dict(os.environ, NRL_SHIM="1" if shim else "0")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.run([python, os.path.abspath(__file__), "--child", mode, path], env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [python, os.path.abspath(__file__), "--child", mode, path], env=env, capture_output=True, text=True, timeout=900
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{python} --child {mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -113,14 +131,24 @@ def main(argv=None):
                 matches = match_rate >= MATCH_THRESHOLD
                 expected = matches if (shim or not affected) else not matches
                 ok &= expected
-                row = dict(result, shim=shim, affected=affected, match_rate=round(match_rate, 3),
-                           matches_transformers=matches, as_expected=expected, reference=reference, python=python)
+                row = dict(
+                    result,
+                    shim=shim,
+                    affected=affected,
+                    match_rate=round(match_rate, 3),
+                    matches_transformers=matches,
+                    as_expected=expected,
+                    reference=reference,
+                    python=python,
+                )
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     print(f"\n{'vLLM':<10} {'shim':<5} {'load_format':<12} {'tokens = HF':<12} expected")
     for r in rows:
-        print(f"{r['vllm']:<10} {str(r['shim']):<5} {r['effective_load_format']:<12} {r['match_rate']:<12.0%} "
-              f"{'yes' if r['as_expected'] else 'NO'}")
+        print(
+            f"{r['vllm']:<10} {str(r['shim']):<5} {r['effective_load_format']:<12} {r['match_rate']:<12.0%} "
+            f"{'yes' if r['as_expected'] else 'NO'}"
+        )
     return 0 if ok else 1
 
 

@@ -13,36 +13,47 @@ from . import registry
 from .errors import QuirkSkippedError, ShimError
 from .settings import _FALSE
 
+TYPE_CHECKING = False  # not typing's: `typing` is not worth importing at every interpreter start-up
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import FrameType, ModuleType
+    from typing import Any
+
+    from .registry import Quirk
+    from .settings import Settings
+
 
 class _State:
     active = False
-    settings = None
+    settings: Settings | None = None
     exported_nrl_shim = False  # we set NRL_SHIM=1 ourselves (so children activate) and must remove it on deactivate
-    targets = frozenset()  # module names of the enabled quirks' targets
-    patched = set()  # (quirk id, target module name) currently patched
-    applying = set()  # (quirk id, target module name) being patched by some thread right now
-    gates = {}  # quirk id -> (applies, version, reason), computed on first target import
-    skipped = set()  # quirk ids already warned about
+    targets: frozenset[str] = frozenset()  # module names of the enabled quirks' targets
+    patched: set[tuple[str, str]] = set()  # (quirk id, target module name) currently patched
+    applying: set[tuple[str, str]] = set()  # (quirk id, target module name) being patched by some thread right now
+    gates: dict[
+        str, tuple[bool, str | None, str]
+    ] = {}  # quirk id -> (applies, version, reason), computed on first target import
+    skipped: set[str] = set()  # quirk ids already warned about
 
 
 _lock = _thread.RLock()
 
 
-def active_settings():
+def active_settings() -> Settings | None:
     """The active Settings, or None when the shim is not active."""
     return _State.settings if _State.active else None
 
 
-def is_active():
+def is_active() -> bool:
     return _State.active
 
 
-def patched():
+def patched() -> list[tuple[str, str]]:
     """(quirk id, module name) pairs patched in this process, for doctor and tests."""
     return sorted(_State.patched)
 
 
-def activate(settings=None, how="nrl_shim.activate()"):
+def activate(settings: Settings | None = None, how: str = "nrl_shim.activate()") -> Settings:
     """Activate the shim in this process (idempotent) and return the effective Settings.
 
     Calling it again re-applies fixes that were lost (e.g. after importlib.reload of a target module).
@@ -64,6 +75,7 @@ def activate(settings=None, how="nrl_shim.activate()"):
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _TargetFinder())
         current = _State.settings
+    assert current is not None  # set above, under the lock
     if "nrl_shim.report" in sys.modules:
         _report().configure(current.log_level)  # the level follows every activation, not only the first
     if announce and current.log_level <= 10:  # checked first: `logging` stays off the start-up path otherwise
@@ -75,7 +87,7 @@ def activate(settings=None, how="nrl_shim.activate()"):
     return current
 
 
-def _report():
+def _report() -> ModuleType:
     """The report module, its logger at the active level. Imported only when something is logged or patched: `logging`
     costs start-up time in every interpreter that never imports a target."""
     from . import report
@@ -86,15 +98,21 @@ def _report():
     return report
 
 
-def _announce(current, how):
+def _announce(current: Settings, how: str) -> None:
     from . import __version__
 
     enabled = [q.id for q in registry.quirks() if current.is_enabled(q.id)]
-    _report().logger().debug("active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
-                          __version__, os.getpid(), sys.executable, how, ", ".join(enabled) or "none")
+    _report().logger().debug(
+        "active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
+        __version__,
+        os.getpid(),
+        sys.executable,
+        how,
+        ", ".join(enabled) or "none",
+    )
 
 
-def deactivate():
+def deactivate() -> None:
     """Undo everything activate() did in this process: patches, exported variables, the import watcher."""
     with _lock:
         if not _State.active:
@@ -117,7 +135,7 @@ def deactivate():
             teardown()
 
 
-def activate_on_import():
+def activate_on_import() -> None:
     """`import nrl_shim` activates, unless NRL_SHIM is explicitly off. Bad settings at interpreter start-up
     (the .pth or sitecustomize) end the process with one clear line instead of a traceback inside site.py."""
     if os.environ.get("NRL_SHIM", "").strip().lower() in _FALSE:
@@ -135,9 +153,9 @@ def activate_on_import():
         os._exit(2)  # SystemExit would be swallowed or turned into a fatal init error by site.py
 
 
-def _imported_by_site():
+def _imported_by_site() -> str | None:
     """How the interpreter's start-up imported us (NRL_SHIM=1 via the .pth, or a sitecustomize), or None."""
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         name = frame.f_globals.get("__name__")
         if name == "site":
@@ -148,7 +166,7 @@ def _imported_by_site():
     return None
 
 
-def _enabled_quirks():
+def _enabled_quirks() -> list[Quirk]:
     if _State.settings is None:
         return []  # deactivated meanwhile (another thread)
     return [q for q in registry.quirks() if _State.settings.is_enabled(q.id)]
@@ -164,7 +182,7 @@ class _TargetFinder:
     system already hands us `path` (the parent's __path__), so we just ask the other finders with it.
     """
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         if fullname not in _State.targets or not _State.active:
             return None
         for finder in sys.meta_path:
@@ -173,31 +191,32 @@ class _TargetFinder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _NotifyingLoader(spec.loader)
+                    spec.loader = _NotifyingLoader(spec.loader)  # type: ignore[assignment]
                 return spec
         return None
 
-    def invalidate_caches(self):
+    def invalidate_caches(self) -> None:
         pass
 
 
 class _NotifyingLoader:
     """The real loader, plus a call to _on_import once the module has executed."""
 
-    def __init__(self, loader):
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
 
-    def __getattr__(self, name):  # get_code, get_source, is_package, get_resource_reader ...
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package, get_resource_reader ...
         return getattr(self.loader, name)
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: ModuleType) -> None:
         # Put the real loader back first, so reload(), inspect and importlib.resources see the module as usual.
         module.__loader__ = self.loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None:
+            spec.loader = self.loader
         self.loader.exec_module(module)
         _on_import(module)
 
@@ -207,7 +226,7 @@ class _NotifyingLoader:
 # import targets concurrently.
 
 
-def _on_import(module):
+def _on_import(module: ModuleType) -> None:
     with _lock:
         if not _State.active:
             return
@@ -216,7 +235,7 @@ def _on_import(module):
         _apply(quirk, module)
 
 
-def _apply(quirk, module):
+def _apply(quirk: Quirk, module: ModuleType) -> None:
     key = (quirk.id, module.__name__)
     with _lock:
         if not _State.active or key in _State.applying:
@@ -248,7 +267,7 @@ def _apply(quirk, module):
             _State.applying.discard(key)
 
 
-def _skip(quirk, reason):
+def _skip(quirk: Quirk, reason: str) -> None:
     message = f"[{quirk.id}] fix skipped: {reason}"
     if _State.settings is not None and _State.settings.strict:
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")

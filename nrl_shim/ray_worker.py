@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 # The user's own job-level worker_process_setup_hook (an import path), run right after ours.
 CHAINED_HOOK_VAR = "NRL_SHIM_RAY_CHAINED_HOOK"
@@ -68,7 +68,11 @@ def _note_installed_copy(running: str) -> None:
     report.logger().info(
         "Ray worker (pid %d): nrl-shim %s is installed in this worker's environment; running the driver's shipped "
         "copy %s from %s instead (rule: the driver's copy wins, so every process of the job applies the same fixes)",
-        os.getpid(), installed, running, here)
+        os.getpid(),
+        installed,
+        running,
+        here,
+    )
 
 
 def _site_dirs() -> list[str]:
@@ -85,8 +89,9 @@ def _load(path: str) -> Callable[[], object]:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ImportError(f"{CHAINED_HOOK_VAR}={path!r}: cannot load the job's own worker_process_setup_hook: {err}") \
-            from err
+        raise ImportError(
+            f"{CHAINED_HOOK_VAR}={path!r}: cannot load the job's own worker_process_setup_hook: {err}"
+        ) from err
 
 
 if __name__ == "__main__":  # pragma: no cover - a helper for images: print the directory to put on PYTHONPATH

@@ -17,7 +17,16 @@ A quirk module declares (ddtrace/OpenTelemetry style):
 Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
 """
 
+from __future__ import annotations
+
 import sys
+
+TYPE_CHECKING = False  # not typing's: this module is on every interpreter's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import ModuleType
+
+    from .settings import Settings, Variable
 
 QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_gemma_load_format",
@@ -35,7 +44,7 @@ QUIRK_MODULES = (
 class Quirk:
     """A quirk module seen through the fixed interface above."""
 
-    def __init__(self, module):
+    def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.id = module.ID
         self.summary = module.SUMMARY
@@ -54,16 +63,16 @@ class Quirk:
         self.idle = getattr(module, "idle", None)
         self.settings = tuple(getattr(module, "SETTINGS", ()))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Quirk {self.id} {self.library}{self.versions}>"
 
-    def patch(self, module, settings):
+    def patch(self, module: ModuleType, settings: Settings) -> None:
         self._handlers[module.__name__][0](module, settings)
 
-    def unpatch(self, module):
+    def unpatch(self, module: ModuleType) -> None:
         self._handlers[module.__name__][1](module)
 
-    def gate(self):
+    def gate(self) -> tuple[bool, str | None, str]:
         """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed
         at all (nothing to fix then). Imports importlib.metadata/packaging: call lazily."""
         applies, installed, reason = _check(self.library, self.versions)
@@ -77,7 +86,7 @@ class Quirk:
         return applies, installed, reason
 
 
-def _check(library, versions):
+def _check(library: str, versions: str) -> tuple[bool, str | None, str]:
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -100,7 +109,7 @@ def _check(library, versions):
 _QUIRKS = None
 
 
-def quirks():
+def quirks() -> tuple[Quirk, ...]:
     """All registered quirks, in registry order (imported once)."""
     global _QUIRKS
     if _QUIRKS is None:
@@ -108,16 +117,16 @@ def quirks():
     return _QUIRKS
 
 
-def _import(name):
+def _import(name: str) -> ModuleType:
     __import__(name)  # plain __import__: `importlib` itself is not loaded at interpreter start-up
     return sys.modules[name]
 
 
-def quirk_ids():
+def quirk_ids() -> tuple[str, ...]:
     return tuple(q.id for q in quirks())
 
 
-def variables():
+def variables() -> tuple[Variable, ...]:
     """Every NRL_* variable: the core's, then each quirk's own SETTINGS, in registry order."""
     from .settings import CORE_VARIABLES
 
@@ -127,33 +136,33 @@ def variables():
     return tuple(declared)
 
 
-def load_settings(environ=None):
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from `environ` (default os.environ): every declared variable parsed and validated."""
     from .settings import Settings
 
     return Settings.from_env(environ, known_ids=quirk_ids(), variables=variables())
 
 
-def get(quirk_id):
+def get(quirk_id: str) -> Quirk:
     for quirk in quirks():
         if quirk.id == quirk_id:
             return quirk
     raise KeyError(quirk_id)
 
 
-def _default_text(variable):
+def _default_text(variable: Variable) -> str:
     from .settings import as_text
 
     text = as_text(variable.default)
     return {"(unset)": "unset", "(none)": "none"}.get(text, f"`{text}`")
 
 
-def _applies_to(quirk):
+def _applies_to(quirk: Quirk) -> str:
     ranges = [f"{quirk.library} `{quirk.versions}`"] + [f"{lib} `{v}`" for lib, v in quirk.also_requires.items()]
     return ", ".join(ranges)
 
 
-def markdown_tables():
+def markdown_tables() -> str:
     """README's variable and quirk tables, from the declarations (tests check README against this). After adding a
     quirk or a setting: python -c "from nrl_shim.registry import markdown_tables; print(markdown_tables())"."""
     lines = ["| variable | values | default | meaning |", "|---|---|---|---|"]
@@ -161,4 +170,3 @@ def markdown_tables():
     lines += ["", "| id | what | applies to | upstream |", "|---|---|---|---|"]
     lines += [f"| `{q.id}` | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in quirks()]
     return "\n".join(lines)
-

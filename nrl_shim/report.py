@@ -1,5 +1,7 @@
 """The `nrl_shim` logger: every change to a user's configuration is logged once, with before -> after and why."""
 
+from __future__ import annotations
+
 import logging
 import sys
 
@@ -7,10 +9,10 @@ from .errors import SettingsError
 from .settings import parse_level
 
 _LOGGER = logging.getLogger("nrl_shim")
-_seen = set()
+_seen: set[tuple[str, ...]] = set()
 
 
-def level_from_env():
+def level_from_env() -> int:
     import os
 
     try:
@@ -20,27 +22,27 @@ def level_from_env():
         return logging.INFO  # activation reports the bad value itself
 
 
-def configure(level):
+def configure(level: int) -> None:
     """Called by activation at every activation (so NRL_SHIM_LOG_LEVEL follows each one), once logging is in use."""
     logger().setLevel(level)
 
 
-def logger():
+def logger() -> logging.Logger:
     """The configured `nrl_shim` logger. Our own stderr handler, so INFO reaches users whose app configured no
     logging; propagate=False so an app that did configure logging does not print every line twice. Reconfigure
     freely: `logging.getLogger("nrl_shim").handlers[:] = []; ...propagate = True`."""
-    if not getattr(_LOGGER, "_nrl_shim_configured", False):
+    if not getattr(_LOGGER, "_nrl_shim_configured", False):  # once per process
         # Until activation configures it (it does at every activation): the environment's level, else INFO.
         _LOGGER.setLevel(level_from_env())
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("nrl_shim %(levelname)s: %(message)s"))
         _LOGGER.addHandler(handler)
         _LOGGER.propagate = False
-        _LOGGER._nrl_shim_configured = True
+        setattr(_LOGGER, "_nrl_shim_configured", True)  # noqa: B010  (an attribute Logger does not declare)
     return _LOGGER
 
 
-def changed(quirk_id, what, before, after, why):
+def changed(quirk_id: str, what: str, before: object, after: object, why: str) -> None:
     """Log one configuration change, once per process for the same (quirk, what, before, after)."""
     key = (quirk_id, what, repr(before), repr(after))
     if key in _seen:
@@ -49,7 +51,7 @@ def changed(quirk_id, what, before, after, why):
     logger().info("[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
 
 
-def warn_once(quirk_id, key, message):
+def warn_once(quirk_id: str, key: str, message: str) -> None:
     """Log one warning, once per process for the same (quirk, key)."""
     marker = (quirk_id, "warning", key)
     if marker in _seen:

@@ -12,12 +12,17 @@ import os
 
 from .errors import SettingsError
 
+TYPE_CHECKING = False  # not typing's: this module is on every interpreter's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+    from typing import Any, NoReturn
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "DEBUG": 10}
 
 
-def _fail(name, raw, accepted):
+def _fail(name: str, raw: str, accepted: str) -> NoReturn:
     raise SettingsError(f"{name}={raw!r} is not valid; accepted: {accepted}")
 
 
@@ -59,8 +64,8 @@ def parse_words(name: str, raw: str) -> tuple:
     return tuple(parse_word(name, item) for item in raw.split(",") if item.strip())
 
 
-def choice(*choices: str):
-    def parse_choice(name, raw):
+def choice(*choices: str) -> Callable[[str, str], str]:
+    def parse_choice(name: str, raw: str) -> str:
         value = raw.strip().lower()
         if value not in choices:
             _fail(name, raw, " | ".join(choices))
@@ -75,7 +80,9 @@ class Variable(tuple):
 
     __slots__ = ()
 
-    def __new__(cls, name, attr, parse, default, accepted, meaning):
+    def __new__(
+        cls, name: str, attr: str, parse: Callable[[str, str], Any] | None, default: Any, accepted: str, meaning: str
+    ) -> Variable:
         return tuple.__new__(cls, (name, attr, parse, default, accepted, meaning))
 
     name = property(lambda self: self[0])
@@ -88,20 +95,44 @@ class Variable(tuple):
 
 # The core's own variables; each quirk declares the ones it reads next to its code.
 CORE_VARIABLES = (
-    Variable("NRL_SHIM", "enabled", parse_bool, None, "`1` / `0` (also true/false, yes/no, on/off)",
-             "`1`: activate in every interpreter; `0`: off everywhere; unset: only `import nrl_shim` / "
-             "`nrl-shim run` activate"),
-    Variable("NRL_SHIM_DISABLE", "disabled", None, frozenset(), "comma list of quirk ids, or `*`",
-             "skip these fixes (an unknown id lists the valid ones)"),
-    Variable("NRL_SHIM_STRICT", "strict", parse_bool, False, "`1` / `0`",
-             "a fix that can't be applied (version out of range, target missing) is an error (`QuirkSkippedError`) "
-             "instead of one warning"),
-    Variable("NRL_SHIM_LOG_LEVEL", "log_level", parse_level, 20, "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`",
-             "level of the `nrl_shim` logger"),
+    Variable(
+        "NRL_SHIM",
+        "enabled",
+        parse_bool,
+        None,
+        "`1` / `0` (also true/false, yes/no, on/off)",
+        "`1`: activate in every interpreter; `0`: off everywhere; unset: only `import nrl_shim` / "
+        "`nrl-shim run` activate",
+    ),
+    Variable(
+        "NRL_SHIM_DISABLE",
+        "disabled",
+        None,
+        frozenset(),
+        "comma list of quirk ids, or `*`",
+        "skip these fixes (an unknown id lists the valid ones)",
+    ),
+    Variable(
+        "NRL_SHIM_STRICT",
+        "strict",
+        parse_bool,
+        False,
+        "`1` / `0`",
+        "a fix that can't be applied (version out of range, target missing) is an error (`QuirkSkippedError`) "
+        "instead of one warning",
+    ),
+    Variable(
+        "NRL_SHIM_LOG_LEVEL",
+        "log_level",
+        parse_level,
+        20,
+        "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`",
+        "level of the `nrl_shim` logger",
+    ),
 )
 
 
-def as_text(value) -> str:
+def as_text(value: Any) -> str:
     """A setting's value as a user writes it in the environment."""
     if value is None:
         return "(unset)"
@@ -122,40 +153,45 @@ class Settings:
 
     __slots__ = ("_values", "_variables")
 
-    def __init__(self, values, variables=CORE_VARIABLES):
+    def __init__(self, values: Mapping[str, Any], variables: Iterable[Variable] = CORE_VARIABLES) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_variables", tuple(variables))
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         try:
             return self._values[name]
         except KeyError:
             raise AttributeError(f"Settings has no {name!r}; declared: {', '.join(self._values)}") from None
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Settings is immutable; build a new one with registry.load_settings()")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Settings(" + ", ".join(f"{a}={v!r}" for a, v in self._values.items()) + ")"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Settings) and self._values == other._values
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
-    def as_environment(self):
+    def as_environment(self) -> dict[str, str]:
         """{variable: value} as a user writes them in the environment (doctor's effective settings)."""
         return {v.name: as_text(self._values[v.attr]) for v in self._variables}
 
-    def is_enabled(self, quirk_id):
+    def is_enabled(self, quirk_id: str) -> bool:
         return "*" not in self.disabled and quirk_id not in self.disabled
 
     @classmethod
-    def from_env(cls, environ=None, known_ids=None, variables=CORE_VARIABLES):
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        known_ids: Iterable[str] | None = None,
+        variables: Iterable[Variable] = CORE_VARIABLES,
+    ) -> Settings:
         """Parse `variables` from `environ` (default os.environ); raise SettingsError naming the first bad one.
         `known_ids` validates NRL_SHIM_DISABLE."""
         environ = os.environ if environ is None else environ
@@ -169,13 +205,16 @@ class Settings:
         return cls(values, variables)
 
 
-def _parse_disable(raw, known_ids):
+def _parse_disable(raw: str, known_ids: Iterable[str] | None) -> frozenset[str]:
     ids = frozenset(item.strip() for item in raw.split(",") if item.strip())
     if "*" in ids:
         if len(ids) > 1:
             _fail("NRL_SHIM_DISABLE", raw, "either * alone or a comma list of quirk ids")
         return ids
-    unknown = sorted(ids - set(known_ids)) if known_ids is not None else []
+    if known_ids is None:
+        return ids
+    known = sorted(known_ids)
+    unknown = sorted(ids - set(known))
     if unknown:
-        _fail("NRL_SHIM_DISABLE", raw, f"* or a comma list of: {', '.join(sorted(known_ids))} (unknown: {', '.join(unknown)})")
+        _fail("NRL_SHIM_DISABLE", raw, f"* or a comma list of: {', '.join(known)} (unknown: {', '.join(unknown)})")
     return ids

@@ -3,6 +3,7 @@ activation, import order and start-up hooks are exercised for real and no test l
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -28,10 +29,16 @@ def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
     """Run `code` in a fresh interpreter; return CompletedProcess (text). `env` is added to child_env()."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=child_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        raise AssertionError(
+            f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
     return proc
 
 
@@ -44,3 +51,27 @@ def run_json(code, env=None, **kw):
 @pytest.fixture
 def python_child():
     return run_python
+
+
+# The fast loop (`nox -s unit`) runs without vLLM, torch, transformers or Ray. A test whose own code imports one of them
+# (often in the child code it runs) is skipped there, naming the library, instead of failing.
+_LIBRARIES = ("vllm", "torch", "transformers", "ray")
+_IMPORTS = re.compile(r"\b(?:import|from)\s+(" + "|".join(_LIBRARIES) + r")\b")
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+    import inspect
+
+    missing = {lib for lib in _LIBRARIES if importlib.util.find_spec(lib) is None}
+    if not missing:
+        return
+    for item in items:
+        function = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(function) if function else ""
+        except (OSError, TypeError):
+            continue
+        needed = sorted(set(_IMPORTS.findall(source)) & missing)
+        if needed:
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(needed)}, not installed here"))

@@ -37,8 +37,11 @@ def owners(modules):
 
 
 def wrapped_by(quirk_id, modules):
-    return {(id(owner), name): (owner, name, obj) for owner, name, obj in owners(modules)
-            if _our_layer(obj, quirk_id) is not None}
+    return {
+        (id(owner), name): (owner, name, obj)
+        for owner, name, obj in owners(modules)
+        if _our_layer(obj, quirk_id) is not None
+    }
 
 
 def layers(obj, quirk_id):
@@ -69,8 +72,10 @@ def main():
         activation.activate(settings)
         modules = [importlib.import_module(t) for t in targets]
         out["patched"] = sorted(name for qid, name in activation.patched() if qid == quirk_id)
-        out["layers"] = {f"{owner.__name__}.{name}": layers(getattr(owner, name), quirk_id)
-                         for owner, name, _ in wrapped_by(quirk_id, modules).values()}
+        out["layers"] = {
+            f"{owner.__name__}.{name}": layers(getattr(owner, name), quirk_id)
+            for owner, name, _ in wrapped_by(quirk_id, modules).values()
+        }
         print(json.dumps(out))
         return
     modules = [importlib.import_module(t) for t in targets]
@@ -80,7 +85,7 @@ def main():
     found = wrapped_by(quirk_id, modules)
     out["patched"] = sorted(name for qid, name in activation.patched() if qid == quirk_id)
     out["wrapped"] = {}
-    for key, (owner, name, obj) in found.items():
+    for key, (owner, name, _obj) in found.items():
         label = f"{owner.__name__}.{name}"
         original = originals[key][2]
         entry = {"layers": layers(getattr(owner, name), quirk_id)}
@@ -93,6 +98,7 @@ def main():
         out["wrapped"][label] = entry
     activation.deactivate()
     out["restored"] = {f"{o.__name__}.{n}": vars(o).get(n) is originals[k][2] for k, (o, n, _) in found.items()}
+
     # Another tool wrapped the same attributes first: ours goes over theirs, and leaving keeps theirs.
     def other_tool(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
@@ -102,8 +108,10 @@ def main():
         wrapt.wrap_function_wrapper(owner, name, other_tool)
         theirs[key] = vars(owner)[name]
     activation.activate(settings)
-    out["over_other_tool"] = {f"{o.__name__}.{n}": layers(vars(o)[n], quirk_id) == 1
-                              and vars(o)[n].__wrapped__ is theirs[k] for k, (o, n, _) in found.items()}
+    out["over_other_tool"] = {
+        f"{o.__name__}.{n}": layers(vars(o)[n], quirk_id) == 1 and vars(o)[n].__wrapped__ is theirs[k]
+        for k, (o, n, _) in found.items()
+    }
     activation.deactivate()
     out["other_tool_kept"] = {f"{o.__name__}.{n}": vars(o)[n] is theirs[k] for k, (o, n, _) in found.items()}
     print(json.dumps(out))

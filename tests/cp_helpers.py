@@ -23,12 +23,24 @@ def run_ranks(code, world_size, env=None, timeout=300):
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         for rank in range(world_size):
-            extra = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "CP_TEST_STORE": os.path.join(tmp, "store"),
-                     "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+            extra = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "CP_TEST_STORE": os.path.join(tmp, "store"),
+                "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1",
+            }
             proc_env = child_env({**extra, **(env or {})})
             proc_env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR, proc_env["PYTHONPATH"]])
-            procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=proc_env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", textwrap.dedent(code)],
+                    env=proc_env,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
         outputs = []
         try:
             for proc in procs:
@@ -51,8 +63,9 @@ def init():
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method="file://" + os.environ["CP_TEST_STORE"], rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method="file://" + os.environ["CP_TEST_STORE"], rank=rank, world_size=world_size
+    )
     return rank, world_size, init_device_mesh("cpu", (world_size,))
 
 
@@ -79,9 +92,14 @@ def outcome(fn):
     try:
         value = fn()
     except Exception as exc:  # the tests assert on the exact type and message
-        return {"ok": False, "type": type(exc).__name__, "shim": isinstance(exc, ShimError),
-                "value_error": isinstance(exc, ValueError), "msg": str(exc),
-                "where": traceback.extract_tb(exc.__traceback__)[-1].filename}
+        return {
+            "ok": False,
+            "type": type(exc).__name__,
+            "shim": isinstance(exc, ShimError),
+            "value_error": isinstance(exc, ValueError),
+            "msg": str(exc),
+            "where": traceback.extract_tb(exc.__traceback__)[-1].filename,
+        }
     return {"ok": True, "value": list(value.shape) if hasattr(value, "shape") else value}
 
 
@@ -98,9 +116,16 @@ def tiny_llama(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -109,9 +134,18 @@ def tiny_gemma3(sliding_window=4, seed=0):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
-    config = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                              sliding_window=sliding_window, attn_implementation="sdpa")
+    config = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=sliding_window,
+        attn_implementation="sdpa",
+    )
     return Gemma3ForCausalLM(config).eval()
 
 
@@ -121,13 +155,29 @@ def tiny_gemma3_multimodal(seed=0):
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
 
     torch.manual_seed(seed)
-    text = Gemma3TextConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                            sliding_window=4)
-    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                image_size=16, patch_size=4)
-    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127,
-                          boi_token_index=125, eoi_token_index=126, attn_implementation="sdpa")
+    text = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=4,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=127,
+        boi_token_index=125,
+        eoi_token_index=126,
+        attn_implementation="sdpa",
+    )
     return Gemma3ForConditionalGeneration(config).eval()
 
 
@@ -163,16 +213,23 @@ TORCH_MASK_ERRORS = ("Sharding dim 2 greater than tensor ndim 2", "Attempting to
 
 def is_torch_error(out, *fragments):
     """out is an exception raised by torch itself (not the shim) whose message contains one of fragments."""
-    return (not out["ok"] and not out["shim"] and f"{os.sep}torch{os.sep}" in out["where"]
-            and any(f in out["msg"] for f in fragments))
+    return (
+        not out["ok"]
+        and not out["shim"]
+        and f"{os.sep}torch{os.sep}" in out["where"]
+        and any(f in out["msg"] for f in fragments)
+    )
 
 
 def cp_wrapped():
     """(context_parallel carries the shim's layer, the public name torch users import is that same object)."""
     import torch.distributed.tensor.experimental as experimental
 
-    from nrl_shim.quirks import _torch_cp
     from nrl_shim.patching import is_wrapped
+    from nrl_shim.quirks import _torch_cp
 
     real = _torch_cp._real_module()
-    return [is_wrapped(real, "context_parallel", _torch_cp._LAYER), experimental.context_parallel is real.context_parallel]
+    return [
+        is_wrapped(real, "context_parallel", _torch_cp._LAYER),
+        experimental.context_parallel is real.context_parallel,
+    ]

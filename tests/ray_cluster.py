@@ -24,7 +24,9 @@ class SeparateCluster:
     def __init__(self, num_cpus: int = 2, env: dict[str, str] | None = None):
         self.num_cpus = num_cpus
         # No NRL_* and no PYTHONPATH: workers can reach the shim only through what the driver ships.
-        base = {k: v for k, v in os.environ.items() if not k.startswith("NRL_") and k not in ("PYTHONPATH", "VLLM_USE_V1")}
+        base = {
+            k: v for k, v in os.environ.items() if not k.startswith("NRL_") and k not in ("PYTHONPATH", "VLLM_USE_V1")
+        }
         self.env = {**base, "RAY_AUTH_MODE": "disabled", **(env or {})}
         # AF_UNIX socket paths must stay < 108 bytes: a short dir under /tmp.
         self.temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
@@ -33,9 +35,17 @@ class SeparateCluster:
 
     def __enter__(self) -> SeparateCluster:
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        start = [ray_bin, "start", "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1",
-                 f"--num-cpus={self.num_cpus}", "--include-dashboard=false", "--disable-usage-stats",
-                 f"--temp-dir={self.temp_dir}"]
+        start = [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={self.port}",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.num_cpus}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={self.temp_dir}",
+        ]
         started = subprocess.run(start, env=self.env, capture_output=True, text=True, timeout=180, cwd=self.temp_dir)
         if started.returncode != 0:
             self.stop()

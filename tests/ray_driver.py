@@ -55,8 +55,15 @@ class Probe:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # keep the engine in this actor, so we can look at it
         from vllm import LLM
 
-        llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="float32", max_model_len=128,
-                  enforce_eager=True, gpu_memory_utilization=0.2)
+        llm = LLM(
+            model=model_dir,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype="float32",
+            max_model_len=128,
+            enforce_eager=True,
+            gpu_memory_utilization=0.2,
+        )
         load_format = llm.llm_engine.vllm_config.load_config.load_format
         return {"load_format": str(getattr(load_format, "value", load_format)), "log": records}
 

@@ -4,7 +4,6 @@ The real target used here is Ray's `ray._private.worker.init` (quirk ray-propaga
 many fresh interpreters, and a real third-party function the shim patches.
 """
 
-import json
 import shutil
 import subprocess
 import sys
@@ -31,18 +30,27 @@ def layers(obj, quirk_id="ray-propagate-env"):
 @pytest.mark.parametrize("order", ["shim_first", "target_first"])
 def test_import_activates_in_either_order(order):
     first, second = ("import nrl_shim", "import ray") if order == "shim_first" else ("import ray", "import nrl_shim")
-    out, _ = run_json(LAYERS + f"""
+    out, _ = run_json(
+        LAYERS
+        + f"""
 {first}
 {second}
 import json, ray._private.worker as w
 print(json.dumps([nrl_shim.is_active(), layers(w.init), ray.init is w.init, nrl_shim.activation.patched()]))
-""")
-    assert out == [True, 1, True, [["ray-propagate-env", name] for name in ("ray._private.worker", "ray.actor",
-                                                                            "ray.remote_function")]]
+"""
+    )
+    assert out == [
+        True,
+        1,
+        True,
+        [["ray-propagate-env", name] for name in ("ray._private.worker", "ray.actor", "ray.remote_function")],
+    ]
 
 
 def test_activate_idempotent_deactivate_restores_and_reactivates():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import json, ray, ray._private.worker as w
 original = w.init
 import nrl_shim
@@ -55,7 +63,8 @@ nrl_shim.deactivate()  # twice is fine
 nrl_shim.activate()
 again = layers(w.init)
 print(json.dumps([once, restored, again, ray.init is w.init]))
-""")
+"""
+    )
     assert out == [1, True, 1, True]
 
 
@@ -73,7 +82,9 @@ print(json.dumps([exported, watching, os.environ.get("NRL_SHIM"),
 
 
 def test_reload_of_patched_target_reapplies_once():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import importlib, json
 import nrl_shim, ray._private.worker as w
 before = layers(w.init)
@@ -81,23 +92,29 @@ importlib.reload(w)
 after_reload = layers(w.init)      # reload re-executes the module through our import hook: patched again, once
 nrl_shim.activate()                # and re-activating does not stack a second layer
 print(json.dumps([before, after_reload, layers(w.init), w.init.__module__]))
-""")
+"""
+    )
     assert out == [1, 1, 1, "ray._private.worker"]
 
 
 def test_reload_while_deactivated_leaves_original():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import importlib, json
 import nrl_shim, ray._private.worker as w
 nrl_shim.deactivate()
 importlib.reload(w)
 print(json.dumps([layers(w.init), type(w.init).__name__]))
-""")
+"""
+    )
     assert out == [0, "function"]
 
 
 def test_other_wrapper_stacked_over_ours_survives_deactivate():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import json, wrapt
 import nrl_shim, ray._private.worker as w
 calls = []
@@ -111,13 +128,16 @@ still_theirs = w.init is theirs
 ours_off = layers(w.init)
 nrl_shim.activate()
 print(json.dumps([still_theirs, ours_off, layers(w.init), w.init is theirs]))
-""")
+"""
+    )
     # Theirs stays on top; ours becomes a pass-through and is switched back on: applied exactly once either way.
     assert out == [True, 0, 1, True]
 
 
 def test_other_wrapper_under_ours_is_kept():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import json, wrapt, ray._private.worker as w
 def other(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
@@ -127,7 +147,8 @@ import nrl_shim
 on = layers(w.init)
 nrl_shim.deactivate()
 print(json.dumps([on, w.init is theirs]))
-""")
+"""
+    )
     assert out == [1, True]
 
 
@@ -145,7 +166,8 @@ print(json.dumps([w.init is not original, str(inspect.signature(w.init)) == sig,
 
 
 def test_eight_threads_importing_targets_patch_each_once():
-    out, _ = run_json("""
+    out, _ = run_json(
+        """
 import json, threading, importlib
 import nrl_shim
 from nrl_shim import registry
@@ -177,7 +199,9 @@ threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
 [t.start() for t in threads]
 [t.join(240) for t in threads]
 print(json.dumps([counts, [t.is_alive() for t in threads], errors]))
-""", timeout=400)
+""",
+        timeout=400,
+    )
     counts, alive, errors = out
     assert not any(alive), "deadlock: an import thread never finished"
     assert errors == []
@@ -185,37 +209,45 @@ print(json.dumps([counts, [t.is_alive() for t in threads], errors]))
 
 
 def test_env_activation_via_pth_and_no_wrapt_until_a_target():
-    out, _ = run_json("""
+    out, _ = run_json(
+        """
 import json, sys
 first = ["nrl_shim" in sys.modules, "wrapt" in sys.modules]
 import nrl_shim
 active = nrl_shim.is_active()
 import ray
 print(json.dumps(first + [active, "wrapt" in sys.modules]))
-""", env={"NRL_SHIM": "1"})
+""",
+        env={"NRL_SHIM": "1"},
+    )
     assert out == [True, False, True, True]
 
 
 @pytest.mark.parametrize("value", [None, "0"])
 def test_env_activation_off(value):
     env = {} if value is None else {"NRL_SHIM": value}
-    out, _ = run_json("""
+    out, _ = run_json(
+        """
 import json, sys
 loaded = "nrl_shim" in sys.modules
 import nrl_shim
 print(json.dumps([loaded, nrl_shim.is_active()]))
-""", env=env)
+""",
+        env=env,
+    )
     # Unset: the hook does nothing, `import nrl_shim` activates. 0: off even on import.
     assert out == [False, value is None]
 
 
 def test_invalid_setting_under_env_activation_exits_with_one_message():
-    proc = run_python("print('user code ran')", env={"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "soon"},
-                      check=False)
+    proc = run_python(
+        "print('user code ran')", env={"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "soon"}, check=False
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         "nrl-shim: error: NRL_VLLM_ASYNC_TIMEOUT_SECONDS='soon' is not valid; "
-        "accepted: a positive, finite number of seconds, e.g. 600 or 1.5"]
+        "accepted: a positive, finite number of seconds, e.g. 600 or 1.5"
+    ]
 
 
 def test_invalid_setting_on_import_raises_shim_error():
@@ -242,8 +274,9 @@ print("started", "nrl_shim" in sys.modules)
 """
     env = child_env({"NRL_SHIM": "1"})
     env.pop("PYTHONPATH")
-    proc = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "started False", "")
 
 
@@ -269,7 +302,9 @@ print("imported", type(w.init).__name__)
     proc = run_python(code)
     assert "imported function" in proc.stdout
     warnings = [line for line in proc.stderr.splitlines() if "fix skipped" in line]
-    assert len(warnings) == 1 and "[ray-propagate-env]" in warnings[0] and "outside the supported range <1" in warnings[0]
+    assert (
+        len(warnings) == 1 and "[ray-propagate-env]" in warnings[0] and "outside the supported range <1" in warnings[0]
+    )
 
     proc = run_python(code, env={"NRL_SHIM_STRICT": "1"}, check=False)
     assert proc.returncode != 0 and "QuirkSkippedError" in proc.stderr
@@ -288,10 +323,14 @@ print("alive", nrl_shim.is_active())
 
 
 def test_disabled_quirk_is_not_applied():
-    out, _ = run_json(LAYERS + """
+    out, _ = run_json(
+        LAYERS
+        + """
 import json, nrl_shim, ray._private.worker as w
 print(json.dumps([layers(w.init), nrl_shim.activation.patched()]))
-""", env={"NRL_SHIM_DISABLE": "ray-propagate-env"})
+""",
+        env={"NRL_SHIM_DISABLE": "ray-propagate-env"},
+    )
     assert out == [0, []]
 
 
@@ -320,11 +359,14 @@ report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", None, True, "se
 
 
 def test_log_level_setting_silences_info():
-    proc = run_python("""
+    proc = run_python(
+        """
 import nrl_shim
 from nrl_shim import report
 report.changed("vllm-eager-recipes", "EngineArgs.enforce_eager", False, True, "why")
-""", env={"NRL_SHIM_LOG_LEVEL": "WARNING"})
+""",
+        env={"NRL_SHIM_LOG_LEVEL": "WARNING"},
+    )
     assert "nrl_shim INFO" not in proc.stderr
 
 
@@ -345,7 +387,11 @@ print(json.dumps([declared, applies, outside, absent, version("transformers"), v
     declared, applies, outside, absent, transformers, torch = out
     assert declared == {"torch": ">=2.6,<2.16"} and applies is True
     assert outside == [False, transformers, f"torch {torch} is outside the supported range <1"]
-    assert absent == [False, None, "no-such-dist-xyz is not installed (no distribution provides the `no-such-dist-xyz` package)"]
+    assert absent == [
+        False,
+        None,
+        "no-such-dist-xyz is not installed (no distribution provides the `no-such-dist-xyz` package)",
+    ]
 
 
 def test_log_level_follows_every_activation():
@@ -395,8 +441,9 @@ def test_dependencies_point_down_and_there_are_no_import_cycles():
         graph[name] = deps
     modules = set(graph)
     graph = {m: {d for d in deps if d in modules and d != m} for m, deps in graph.items()}
-    upward = sorted(m for m, deps in graph.items() if "nrl_shim.activation" in deps
-                    and m not in ("nrl_shim", "nrl_shim.cli"))
+    upward = sorted(
+        m for m, deps in graph.items() if "nrl_shim.activation" in deps and m not in ("nrl_shim", "nrl_shim.cli")
+    )
     assert upward == [], f"modules below activation that import it: {upward}"
 
     def cycle_from(start):

@@ -18,10 +18,14 @@ def test_sitecustomize_activates_and_chains(tmp_path):
     (existing / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE_RAN'] = 'yes'\n")
     env = child_env({"NRL_SHIM": "1"})
     env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLE), str(existing), env["PYTHONPATH"]])
-    code = ("import json, os, sys; m = sys.modules.get('nrl_shim'); "
-            "print(json.dumps([sys.modules['sitecustomize'].__file__, os.environ.get('IMAGE_SITECUSTOMIZE_RAN'), "
-            "bool(m and m.is_active())]))")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    code = (
+        "import json, os, sys; m = sys.modules.get('nrl_shim'); "
+        "print(json.dumps([sys.modules['sitecustomize'].__file__, os.environ.get('IMAGE_SITECUSTOMIZE_RAN'), "
+        "bool(m and m.is_active())]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [str(EXAMPLE / "sitecustomize.py"), "yes", True]
 
@@ -29,8 +33,10 @@ def test_sitecustomize_activates_and_chains(tmp_path):
 def test_sitecustomize_bad_setting_exits_with_one_line(tmp_path):
     env = child_env({"NRL_SHIM": "1", "NRL_SHIM_STRICT": "sometimes"})
     env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLE), env["PYTHONPATH"]])
-    proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        "nrl-shim: error: NRL_SHIM_STRICT='sometimes' is not valid; accepted: 1 or 0 (also true/false, yes/no, on/off)"]
+        "nrl-shim: error: NRL_SHIM_STRICT='sometimes' is not valid; accepted: 1 or 0 (also true/false, yes/no, on/off)"
+    ]

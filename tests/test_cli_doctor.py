@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import child_env
 
 from nrl_shim import registry
+
+from conftest import child_env
 
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
 
@@ -25,8 +26,12 @@ def test_doctor_json_reports_everything():
     from importlib.metadata import version
 
     assert report["libraries"]["wrapt"]["version"] == version("wrapt")
-    assert report["libraries"]["ray"] == {"version": version("ray"), "distribution": "ray", "also_installed": [],
-                                          "text": f"ray {version('ray')}"}
+    assert report["libraries"]["ray"] == {
+        "version": version("ray"),
+        "distribution": "ray",
+        "also_installed": [],
+        "text": f"ray {version('ray')}",
+    }
     assert report["settings_error"] is None and report["exit_status"] == 0
     assert report["settings"]["set"]["NRL_VLLM_ASYNC_TIMEOUT_SECONDS"] == "900"
     # Effective settings as a user writes them, not Python reprs.
@@ -52,8 +57,14 @@ def test_idle_when_there_is_nothing_to_do():
     quirks = {q["id"]: q for q in json.loads(doctor("--json").stdout)["quirks"]}
     assert quirks["vllm-eager-recipes"]["status"] == "idle"
     assert "nothing to do: no recipe" in quirks["vllm-eager-recipes"]["reason"]
-    quirks = {q["id"]: q for q in json.loads(doctor("--json", env={"NRL_SHIM_RECIPE": "grpo-deepscaler-1.5b-8K",
-                                                                   "NRL_SHIM_GEMMA_LOAD_FORMAT": "off"}).stdout)["quirks"]}
+    quirks = {
+        q["id"]: q
+        for q in json.loads(
+            doctor(
+                "--json", env={"NRL_SHIM_RECIPE": "grpo-deepscaler-1.5b-8K", "NRL_SHIM_GEMMA_LOAD_FORMAT": "off"}
+            ).stdout
+        )["quirks"]
+    }
     assert quirks["vllm-eager-recipes"]["status"] == "applies"
     assert quirks["vllm-gemma-load-format"]["status"] == "idle"
     assert "NRL_SHIM_GEMMA_LOAD_FORMAT=off" in quirks["vllm-gemma-load-format"]["reason"]
@@ -86,8 +97,16 @@ def test_not_installed_state():
     from nrl_shim.registry import load_settings
 
     module = types.ModuleType("nrl_shim_test_quirk")
-    module.__dict__.update(ID="x-test", SUMMARY="s", LINK="https://example.invalid", LIBRARY="no_such_lib_xyz",
-                           VERSIONS=">=1", TARGETS=(), patch=None, unpatch=None)
+    module.__dict__.update(
+        ID="x-test",
+        SUMMARY="s",
+        LINK="https://example.invalid",
+        LIBRARY="no_such_lib_xyz",
+        VERSIONS=">=1",
+        TARGETS=(),
+        patch=None,
+        unpatch=None,
+    )
     entry = cli._quirk_entry(registry.Quirk(module), load_settings({}))
     assert entry["status"] == "not-installed" and "no_such_lib_xyz is not installed" in entry["reason"]
 

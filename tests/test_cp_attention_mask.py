@@ -5,6 +5,8 @@ import pytest
 
 from cp_helpers import TESTS_DIR, TORCH_CPU_CP_ERRORS, is_torch_error, run
 
+pytest.importorskip("torch", reason="needs torch, not installed here")
+
 ID = "cp-attention-mask"
 
 CODE = """
@@ -13,6 +15,7 @@ from cp_helpers import *
 import torch
 import torch.nn.functional as F
 import torch.distributed.tensor.experimental as experimental
+
 
 rank, ws, mesh = init()
 torch.manual_seed(0)
@@ -77,8 +80,11 @@ def test_mask_raises_shim_error_inside_cp(ranks):
     world_size, results = ranks
     for rank in results:
         on = rank["none"]
-        for case, shape, dtype in [("mask_2d", "(16, 16)", "torch.bool"), ("mask_4d_kw", "(1, 1, 16, 16)", "torch.bool"),
-                                   ("mask_positional", f"({1}, 1, {16 // world_size}, {16 // world_size})", "torch.float32")]:
+        for case, shape, dtype in [
+            ("mask_2d", "(16, 16)", "torch.bool"),
+            ("mask_4d_kw", "(1, 1, 16, 16)", "torch.bool"),
+            ("mask_positional", f"({1}, 1, {16 // world_size}, {16 // world_size})", "torch.float32"),
+        ]:
             out = on[case]
             assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", (case, out)
             msg = out["msg"]
@@ -123,8 +129,11 @@ def test_import_order_and_no_extra_imports(order):
     # public name points at it; patching the torch side imports nothing from transformers.
     from conftest import run_json
 
-    first, second = ("import nrl_shim", "import torch.distributed.tensor.experimental") if order == "shim_first" else (
-        "import torch.distributed.tensor.experimental", "import nrl_shim")
+    first, second = (
+        ("import nrl_shim", "import torch.distributed.tensor.experimental")
+        if order == "shim_first"
+        else ("import torch.distributed.tensor.experimental", "import nrl_shim")
+    )
     out, _ = run_json(f"""
 {first}
 {second}
@@ -134,4 +143,8 @@ from cp_helpers import cp_wrapped
 patched = sorted({{quirk for quirk, _module in nrl_shim.activation.patched() if quirk.startswith("cp-")}})
 print(json.dumps([cp_wrapped(), patched, "transformers" in sys.modules]))
 """)
-    assert out == [[True, True], ["cp-attention-mask", "cp-flash-attention", "cp-gemma3", "cp-sequence-parallel"], False]
+    assert out == [
+        [True, True],
+        ["cp-attention-mask", "cp-flash-attention", "cp-gemma3", "cp-sequence-parallel"],
+        False,
+    ]

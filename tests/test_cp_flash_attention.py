@@ -9,6 +9,8 @@ import pytest
 
 from cp_helpers import run
 
+pytest.importorskip("torch", reason="needs torch, not installed here")
+
 ID = "cp-flash-attention"
 
 CODE = """
@@ -18,6 +20,7 @@ import torch
 import transformers.integrations.flash_attention as integration
 import transformers.modeling_flash_attention_utils as utils
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
 
 rank, ws, mesh = init()
 llama = tiny_llama()
@@ -64,11 +67,13 @@ def ranks(request):
 def assert_flash_error(out):
     assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", out
     msg = out["msg"]
-    assert msg.startswith("context parallel: transformers' flash-attention path (attn_implementation="
-                          "\"flash_attention_2\") was called inside torch.distributed.tensor.experimental."
-                          "context_parallel (query of shape (1, "), msg
+    assert msg.startswith(
+        "context parallel: transformers' flash-attention path (attn_implementation="
+        '"flash_attention_2") was called inside torch.distributed.tensor.experimental.'
+        "context_parallel (query of shape (1, "
+    ), msg
     assert "Sequence packing needs flash_attention_2 and context parallel needs sdpa" in msg
-    assert "attn_implementation=\"sdpa\"" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
+    assert 'attn_implementation="sdpa"' in msg and f"NRL_SHIM_DISABLE={ID}" in msg
 
 
 def test_flash_path_under_cp_raises_shim_error(ranks):

@@ -6,6 +6,8 @@ import pytest
 
 from cp_helpers import TORCH_CPU_CP_ERRORS, TORCH_MASK_ERRORS, is_torch_error, run
 
+pytest.importorskip("torch", reason="needs torch, not installed here")
+
 ID = "cp-gemma3"
 BOTH = "cp-gemma3,cp-attention-mask"
 
@@ -14,6 +16,7 @@ import nrl_shim
 from cp_helpers import *
 import functools
 import torch
+
 
 rank, ws, mesh = init()
 WINDOW = 4
@@ -70,8 +73,9 @@ def ranks(request):
 def assert_gemma_error(out, cls="Gemma3ForCausalLM"):
     assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", out
     msg = out["msg"]
-    assert msg.startswith(f"context parallel: {cls}.forward was called inside "
-                          "torch.distributed.tensor.experimental.context_parallel"), msg
+    assert msg.startswith(
+        f"context parallel: {cls}.forward was called inside torch.distributed.tensor.experimental.context_parallel"
+    ), msg
     assert "Gemma-3 cannot run under torch's context parallel" in msg and "sliding_window=4" in msg
     assert "context-parallel size to 1" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
 

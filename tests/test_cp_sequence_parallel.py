@@ -7,6 +7,8 @@ import pytest
 
 from cp_helpers import run
 
+pytest.importorskip("torch", reason="needs torch, not installed here")
+
 S = 16
 
 ID = "cp-sequence-parallel"
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 import torch.distributed.tensor.parallel as tp
 from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
+
 parallelize_module = lambda *a: tp.parallelize_module(*a)  # looked up at each call: the shim is re-activated between phases
 
 rank, ws, mesh = init()
@@ -67,9 +70,11 @@ def test_cp_after_sequence_parallel_raises_before_sharding(ranks):
         out = rank["none"]["sp_then_cp"]
         assert out["shim"] and out["value_error"] and out["type"] == "UnsupportedConfigError", out
         msg = out["msg"]
-        assert msg.startswith("context parallel + sequence parallel: torch.distributed.tensor.experimental."
-                              "context_parallel was entered in a process where parallelize_module applied "
-                              f"SequenceParallel to Sequential (submodules '1') over a mesh of size {world_size}. "), msg
+        assert msg.startswith(
+            "context parallel + sequence parallel: torch.distributed.tensor.experimental."
+            "context_parallel was entered in a process where parallelize_module applied "
+            f"SequenceParallel to Sequential (submodules '1') over a mesh of size {world_size}. "
+        ), msg
         assert "both shard activations along the sequence dimension" in msg
         assert "NeMo RL issue #659" in msg and "turn sequence parallel off" in msg
         assert "context-parallel size to 1" in msg and f"NRL_SHIM_DISABLE={ID}" in msg
@@ -80,9 +85,11 @@ def test_sequence_parallel_inside_cp_raises(ranks):
     for rank in results:
         out = rank["none"]["cp_then_sp"]
         assert out["shim"] and out["type"] == "UnsupportedConfigError", out
-        assert out["msg"].startswith("context parallel + sequence parallel: parallelize_module was asked to apply "
-                                     f"SequenceParallel to LayerNorm (the whole module) over a mesh of size "
-                                     f"{world_size} inside torch.distributed.tensor.experimental.context_parallel")
+        assert out["msg"].startswith(
+            "context parallel + sequence parallel: parallelize_module was asked to apply "
+            f"SequenceParallel to LayerNorm (the whole module) over a mesh of size "
+            f"{world_size} inside torch.distributed.tensor.experimental.context_parallel"
+        )
 
 
 def test_plain_tp_and_released_sp_modules_are_not_affected(ranks):
@@ -100,4 +107,3 @@ def test_without_the_quirk_torch_enters_cp_silently(ranks):
         off = rank[ID]
         assert off["sp_then_cp"] == {"ok": True, "value": [[1, S // world_size], True]}
         assert off["cp_then_sp"] == {"ok": True, "value": [[1, S // world_size], True]}
-

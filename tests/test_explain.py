@@ -7,18 +7,22 @@ attribution rules are then checked in-process on that run's data and on small sy
 import json
 
 import pytest
-from conftest import run_python
-from vllm_helpers import cpu_has_v1, has_v1_variable, requires_vllm
 
 from nrl_shim import explain
+
+from conftest import run_python
+from vllm_helpers import cpu_has_v1, has_v1_variable, requires_vllm
 
 _demo_cache = {}
 
 
 def _demo():
     if "out" not in _demo_cache:
-        proc = run_python("import sys; from nrl_shim.cli import main; sys.exit(main(sys.argv[1:]))",
-                          args=("explain", "--demo", "--json"), timeout=900)
+        proc = run_python(
+            "import sys; from nrl_shim.cli import main; sys.exit(main(sys.argv[1:]))",
+            args=("explain", "--demo", "--json"),
+            timeout=900,
+        )
         _demo_cache["out"] = json.loads(proc.stdout.strip().splitlines()[-1])
     return _demo_cache["out"]
 
@@ -32,7 +36,10 @@ def test_demo_shows_every_fix_with_its_quirk():
     eager_rows = [row for row in out["differences"] if row["quirk"] == "vllm-eager-recipes"]
     assert eager_rows, out["differences"]  # enforce_eager itself, or (0.8.x on CPU, always eager) the graph sizes
     if "model_config.enforce_eager" in rows:
-        assert (rows["model_config.enforce_eager"]["before"], rows["model_config.enforce_eager"]["after"]) == (False, True)
+        assert (rows["model_config.enforce_eager"]["before"], rows["model_config.enforce_eager"]["after"]) == (
+            False,
+            True,
+        )
     assert all(row["quirk"] != "?" for row in out["differences"]), out["differences"]
     env_row = rows.get("environment VLLM_USE_V1 (as vLLM was imported)")
     if has_v1_variable() and cpu_has_v1():
@@ -60,13 +67,27 @@ def test_demo_report_text(capsys):
 
 
 def test_attribution_rules():
-    off = {"config": {"load_config.load_format": "dummy", "model_config.enforce_eager": False,
-                      "compilation_config.level": 2, "instance_id": "a", "x.other": 1},
-           "env": {"VLLM_USE_V1": {"at_import": None}}}
-    on = {"config": {"load_config.load_format": "auto", "model_config.enforce_eager": True,
-                     "compilation_config.level": 0, "instance_id": "b", "x.other": 2},
-          "env": {"VLLM_USE_V1": {"at_import": "1"}},
-          "changes": [{"quirk": "vllm-gemma-load-format"}, {"quirk": "vllm-eager-recipes"}]}
+    off = {
+        "config": {
+            "load_config.load_format": "dummy",
+            "model_config.enforce_eager": False,
+            "compilation_config.level": 2,
+            "instance_id": "a",
+            "x.other": 1,
+        },
+        "env": {"VLLM_USE_V1": {"at_import": None}},
+    }
+    on = {
+        "config": {
+            "load_config.load_format": "auto",
+            "model_config.enforce_eager": True,
+            "compilation_config.level": 0,
+            "instance_id": "b",
+            "x.other": 2,
+        },
+        "env": {"VLLM_USE_V1": {"at_import": "1"}},
+        "changes": [{"quirk": "vllm-gemma-load-format"}, {"quirk": "vllm-eager-recipes"}],
+    }
     rows = {row[0]: row[3:] for row in explain.compare(off, on)}
     assert rows == {
         "environment VLLM_USE_V1 (as vLLM was imported)": ("vllm-v1-runtime", ""),
@@ -80,11 +101,14 @@ def test_attribution_rules():
     assert explain.compare(off, off) == []
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "demo:nope"], "--model 'demo:nope' is not valid; accepted demo models: demo:gemma2"),
-    (["--demo", "--arg", "no_equals"], "--arg 'no_equals' is not valid; accepted: KEY=VALUE"),
-    ([], "one of the arguments --demo --model is required"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "demo:nope"], "--model 'demo:nope' is not valid; accepted demo models: demo:gemma2"),
+        (["--demo", "--arg", "no_equals"], "--arg 'no_equals' is not valid; accepted: KEY=VALUE"),
+        ([], "one of the arguments --demo --model is required"),
+    ],
+)
 def test_bad_arguments_name_what_is_accepted(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         explain.main(argv)

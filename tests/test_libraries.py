@@ -60,7 +60,10 @@ def test_two_distributions_the_one_on_sys_path_first_counts(tmp_path):
     assert out["who"] == "demo-pkg-fork"
     assert out["quick"]["distribution"] == "demo-pkg-fork" and out["thorough"]["distribution"] == "demo-pkg-fork"
     assert out["thorough"]["others"] == ["demo-pkg"]
-    assert out["text"] == "demo_pkg 0.10.2.dev12+gabc1234 (distribution demo-pkg-fork) [also installed, not used: demo-pkg]"
+    assert (
+        out["text"]
+        == "demo_pkg 0.10.2.dev12+gabc1234 (distribution demo-pkg-fork) [also installed, not used: demo-pkg]"
+    )
     assert out["gate"][0] is True  # a source build's local version is compared by its release
 
     out = lookup([second, first], ">=0.10,<0.11")

@@ -9,17 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SOURCE_ROOT, child_env
 
 from nrl_shim import registry
+
+from conftest import SOURCE_ROOT, child_env
 
 HERE = Path(__file__).resolve().parent
 QUIRKS = registry.quirks()
 
 
 def run_child(quirk_id, order):
-    proc = subprocess.run([sys.executable, str(HERE / "contract_child.py"), quirk_id, order],
-                          env=child_env({"NRL_SHIM": "0"}), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "contract_child.py"), quirk_id, order],
+        env=child_env({"NRL_SHIM": "0"}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -75,7 +81,9 @@ def test_every_quirk_declares_what_the_core_and_the_docs_need():
 def test_readme_tables_are_the_declarations():
     readme = (Path(SOURCE_ROOT) / "README.md").read_text()
     for line in registry.markdown_tables().splitlines():
-        assert line in readme, f"README.md is out of date; missing line:\n{line}\n(print them: see registry.markdown_tables)"
+        assert line in readme, (
+            f"README.md is out of date; missing line:\n{line}\n(print them: see registry.markdown_tables)"
+        )
 
 
 def test_variables_are_declared_once():

@@ -44,12 +44,19 @@ def test_nothing_given_gets_package_hook_and_env_vars(log_lines):
     assert merged["py_modules"] == [quirk.staged_package()]
     assert merged["worker_process_setup_hook"] == "nrl_shim.ray_worker.setup"
     assert merged["env_vars"] == {"NRL_SHIM": "1"}
-    assert len(log_lines) == 3 and all(line.startswith("[ray-propagate-env] ray.init runtime_env[") for line in log_lines)
+    assert len(log_lines) == 3 and all(
+        line.startswith("[ray-propagate-env] ray.init runtime_env[") for line in log_lines
+    )
 
 
 def test_user_fields_are_kept_and_their_hook_runs_after_ours():
-    user = {"env_vars": {"A": "1", "NRL_SHIM": "1"}, "py_modules": ["s3://bucket/pkg.zip"], "working_dir": "/w",
-            "py_executable": "/venv/bin/python", "worker_process_setup_hook": "their.module.setup"}
+    user = {
+        "env_vars": {"A": "1", "NRL_SHIM": "1"},
+        "py_modules": ["s3://bucket/pkg.zip"],
+        "working_dir": "/w",
+        "py_executable": "/venv/bin/python",
+        "worker_process_setup_hook": "their.module.setup",
+    }
     merged = quirk.merge_job_runtime_env(dict(user), ship=True)
     assert merged["py_modules"] == ["s3://bucket/pkg.zip", quirk.staged_package()]
     assert merged["working_dir"] == "/w" and merged["py_executable"] == "/venv/bin/python"
@@ -78,11 +85,14 @@ def test_shipping_off_adds_env_vars_only():
     assert merged == {"py_modules": ["s3://b/p.zip"], "env_vars": {"NRL_SHIM": "1"}}
 
 
-@pytest.mark.parametrize("runtime_env, field", [
-    ({"image_uri": "nvcr.io/some/image"}, "image_uri"),
-    ({"py_modules": "s3://one/string.zip"}, "py_modules"),
-    ({"worker_process_setup_hook": 42}, "worker_process_setup_hook"),
-])
+@pytest.mark.parametrize(
+    "runtime_env, field",
+    [
+        ({"image_uri": "nvcr.io/some/image"}, "image_uri"),
+        ({"py_modules": "s3://one/string.zip"}, "py_modules"),
+        ({"worker_process_setup_hook": 42}, "worker_process_setup_hook"),
+    ],
+)
 def test_unmergeable_field_warns_once_naming_it_and_the_job_still_starts(runtime_env, field, log_lines):
     merged = quirk.merge_job_runtime_env(dict(runtime_env), ship=True)
     quirk.merge_job_runtime_env(dict(runtime_env), ship=True)
@@ -99,8 +109,9 @@ def test_unmergeable_field_is_an_error_in_strict_mode():
 def test_ray_jobs_submission_fields_are_not_duplicated(monkeypatch, log_lines):
     # Ray refuses to merge ray.init's runtime_env with the submission's when both set a field or env var.
     monkeypatch.setenv("NRL_VLLM_USE_V1", "1")
-    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
-                       '{"runtime_env": {"py_modules": ["gcs://x.zip"], "env_vars": {"NRL_SHIM": "1"}}}')
+    monkeypatch.setenv(
+        "RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"py_modules": ["gcs://x.zip"], "env_vars": {"NRL_SHIM": "1"}}}'
+    )
     merged = quirk.merge_job_runtime_env(None, ship=True)
     assert merged == {"env_vars": {"NRL_VLLM_USE_V1": "1"}}
     assert any("runtime_env['py_modules']: set by the Ray Jobs submission" in line for line in log_lines)
@@ -113,10 +124,18 @@ def test_staged_package_brings_its_dependencies_and_works_without_site_packages(
     assert os.path.isfile(os.path.join(staged, "_vendor", "packaging", "version.py"))
     assert not any("__pycache__" in d for d, _, _ in os.walk(staged))
     # -S: no site-packages at all, so wrapt and packaging can only come from the shipped _vendor.
-    code = ("import json, nrl_shim, wrapt, packaging; from nrl_shim.patching import wrap; "
-            "print(json.dumps([nrl_shim.is_active(), wrapt.__file__, packaging.__file__]))")
-    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": os.path.dirname(staged), "NRL_SHIM": "1"}, cwd=tmp_path)
+    code = (
+        "import json, nrl_shim, wrapt, packaging; from nrl_shim.patching import wrap; "
+        "print(json.dumps([nrl_shim.is_active(), wrapt.__file__, packaging.__file__]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": os.path.dirname(staged), "NRL_SHIM": "1"},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     active, wrapt_file, packaging_file = __import__("json").loads(proc.stdout)
     assert active is True and wrapt_file.startswith(staged) and packaging_file.startswith(staged)

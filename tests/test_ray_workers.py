@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import child_env
 
 ray = pytest.importorskip("ray", reason="Ray is not installed in this interpreter")
@@ -23,18 +24,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER_PYTHON = os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON")
 pytestmark = [
     pytest.mark.ray_cluster,
-    pytest.mark.skipif(not WORKER_PYTHON, reason="NRL_SHIM_TEST_WORKER_PYTHON (a Python with Ray and vLLM but no "
-                                                 "nrl-shim) is not set; `nox -s vllm_cpu` sets it"),
+    pytest.mark.skipif(
+        not WORKER_PYTHON,
+        reason="NRL_SHIM_TEST_WORKER_PYTHON (a Python with Ray and vLLM but no "
+        "nrl-shim) is not set; `nox -s vllm_cpu` sets it",
+    ),
 ]
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
-USER_HOOK = '''
+USER_HOOK = """
 import os, sys
 
 
 def hook():
     shim = sys.modules.get("nrl_shim")
     os.environ["USER_HOOK_RAN"] = "after-shim" if shim and shim.is_active() else "before-shim"
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -58,24 +62,42 @@ def run_driver(tmp_path, case, env=None):
     driver_env = child_env(env)
     driver_env.pop("PYTHONPATH")  # the installed nrl-shim drives; workers must not find a checkout by accident
     # cwd outside the repository: Ray adds the driver's cwd and script dir to its workers' sys.path.
-    proc = subprocess.run([CLI, "run", "--", sys.executable, os.path.join(HERE, "ray_driver.py"), str(path)],
-                          env=driver_env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    proc = subprocess.run(
+        [CLI, "run", "--", sys.executable, os.path.join(HERE, "ray_driver.py"), str(path)],
+        env=driver_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
 
 def _case(cluster, user_package, probes, **extra):
-    return {"address": cluster.address, "worker_python": WORKER_PYTHON, "probes": probes,
-            "user_package_root": str(user_package.parent),
-            "job_runtime_env": {"env_vars": {"USER_VAR": "kept"}, "py_modules": [str(user_package)],
-                                "worker_process_setup_hook": "user_setup.hook"},
-            **extra}
+    return {
+        "address": cluster.address,
+        "worker_python": WORKER_PYTHON,
+        "probes": probes,
+        "user_package_root": str(user_package.parent),
+        "job_runtime_env": {
+            "env_vars": {"USER_VAR": "kept"},
+            "py_modules": [str(user_package)],
+            "worker_process_setup_hook": "user_setup.hook",
+        },
+        **extra,
+    }
 
 
 def test_worker_python_has_no_shim_of_its_own(tmp_path):
     # The premise of this module: without shipping, that interpreter can't import nrl_shim at all.
-    proc = subprocess.run([WORKER_PYTHON, "-c", "import nrl_shim"], capture_output=True, text=True, cwd=tmp_path,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [WORKER_PYTHON, "-c", "import nrl_shim"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert proc.returncode != 0 and "No module named 'nrl_shim'" in proc.stderr
 
 
@@ -94,12 +116,16 @@ def test_every_worker_and_its_children_run_the_shim(cluster, user_package, tmp_p
     job_env = out["job_env"]
     assert len(job_env["py_modules"]) == 2  # the user's package and ours, both uploaded
     assert job_env["env_vars"]["USER_VAR"] == "kept" and job_env["env_vars"]["NRL_SHIM"] == "1"
-    assert "[ray-propagate-env] ray.init runtime_env['worker_process_setup_hook']: 'user_setup.hook' -> " \
-           "'nrl_shim.ray_worker.setup, then user_setup.hook'" in proc.stderr
+    assert (
+        "[ray-propagate-env] ray.init runtime_env['worker_process_setup_hook']: 'user_setup.hook' -> "
+        "'nrl_shim.ray_worker.setup, then user_setup.hook'" in proc.stderr
+    )
     assert "[ray-propagate-env] actor/task runtime_env['py_modules']" in proc.stderr
     # The driver's own venv has nrl-shim installed: its worker ran the shipped copy and said so, once.
-    logs = "".join(open(f, errors="replace").read()
-                   for f in glob.glob(os.path.join(cluster.temp_dir, "session_latest", "logs", "*.err")))
+    logs = "".join(
+        open(f, errors="replace").read()
+        for f in glob.glob(os.path.join(cluster.temp_dir, "session_latest", "logs", "*.err"))
+    )
     assert "running the driver's shipped copy" in logs
 
 

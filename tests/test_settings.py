@@ -1,11 +1,12 @@
 """Settings: every NRL_* variable parsed once; a bad value is one SettingsError naming variable, value, accepted."""
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from nrl_shim import SettingsError, ShimError
-from nrl_shim.registry import quirk_ids
-from nrl_shim.registry import load_settings, variables
+from nrl_shim.registry import load_settings, quirk_ids, variables
 
 IDS = quirk_ids()
 VARIABLES = [v.name for v in variables()]

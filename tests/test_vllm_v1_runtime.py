@@ -11,13 +11,16 @@ the V1 side is checked through that very error: it proves vLLM saw the VLLM_USE_
 """
 
 import pytest
-from vllm_helpers import VLLM_VERSION, build, cpu_has_v1, has_v0_engine, has_v1_variable, model_dirs, requires_vllm
 
 from nrl_shim.quirks import vllm_v1_runtime as quirk
 
+from vllm_helpers import VLLM_VERSION, build, cpu_has_v1, has_v0_engine, has_v1_variable, model_dirs, requires_vllm
+
 pytestmark = requires_vllm
-ASYNC_MESSAGE = ("the async engine (vllm.v1.engine.async_llm.AsyncLLM) always runs V1. Switch to synchronous inference "
-                 "(policy.generation.vllm_cfg.async_engine=False) or drop NRL_VLLM_USE_V1=0.")
+ASYNC_MESSAGE = (
+    "the async engine (vllm.v1.engine.async_llm.AsyncLLM) always runs V1. Switch to synchronous inference "
+    "(policy.generation.vllm_cfg.async_engine=False) or drop NRL_VLLM_USE_V1=0."
+)
 
 
 def _cases(model):
@@ -30,31 +33,42 @@ def _by_path(phase):
 
 def test_nrl_vllm_use_v1_wins_and_disabling_restores_vllms_choice(tmp_path):
     llama = model_dirs(tmp_path, ("llama",))["llama"]
-    spec = {"phases": [
-        {"cases": _cases(llama)},
-        # Disabled: the shim neither sets VLLM_USE_V1 nor refuses V0.
-        {"env": {"NRL_SHIM": "1", "NRL_SHIM_DISABLE": quirk.ID, "NRL_VLLM_USE_V1": "0"}, "unset": ["VLLM_USE_V1"],
-         "cases": _cases(llama)},
-    ]}
-    out, proc = build(spec, env={"NRL_SHIM": "1", "VLLM_USE_V1": "0"})  # the user's VLLM_USE_V1=0 loses to the default 1
+    spec = {
+        "phases": [
+            {"cases": _cases(llama)},
+            # Disabled: the shim neither sets VLLM_USE_V1 nor refuses V0.
+            {
+                "env": {"NRL_SHIM": "1", "NRL_SHIM_DISABLE": quirk.ID, "NRL_VLLM_USE_V1": "0"},
+                "unset": ["VLLM_USE_V1"],
+                "cases": _cases(llama),
+            },
+        ]
+    }
+    out, proc = build(
+        spec, env={"NRL_SHIM": "1", "VLLM_USE_V1": "0"}
+    )  # the user's VLLM_USE_V1=0 loses to the default 1
     on, disabled = out["phases"]
     if has_v1_variable():
         assert out["import_env"] == "1"  # set as vllm.envs was imported, before any vLLM module read it
-        assert ("[vllm-v1-runtime] environment VLLM_USE_V1: '0' -> '1' (NRL_VLLM_USE_V1=1 wins over the "
-                "VLLM_USE_V1=0 you set, as in NeMo RL)") in proc.stderr
+        assert (
+            "[vllm-v1-runtime] environment VLLM_USE_V1: '0' -> '1' (NRL_VLLM_USE_V1=1 wins over the "
+            "VLLM_USE_V1=0 you set, as in NeMo RL)"
+        ) in proc.stderr
         if has_v0_engine():  # 0.8-0.10 choose their engine classes at import time from this variable
-            assert out["engine_classes"] == {"LLMEngine": "vllm.v1.engine.llm_engine",
-                                             "AsyncLLMEngine": "vllm.v1.engine.async_llm"}
+            assert out["engine_classes"] == {
+                "LLMEngine": "vllm.v1.engine.llm_engine",
+                "AsyncLLMEngine": "vllm.v1.engine.async_llm",
+            }
     else:
         assert out["import_env"] == "0"  # no such variable on this release: left as the user set it
         assert "[vllm-v1-runtime]" not in proc.stderr
-    for path, r in _by_path(on).items():
+    for _path, r in _by_path(on).items():
         if cpu_has_v1():
             assert "error" not in r, r
         else:  # 0.8.x: vLLM refuses V1 on the CPU platform - because it saw VLLM_USE_V1=1
             assert r["error"] == "NotImplementedError" and "VLLM_USE_V1=1 is not supported" in r["message"], r
     # Disabled with NRL_VLLM_USE_V1=0: nothing from the shim; vLLM picks its engine itself.
-    for path, r in _by_path(disabled).items():
+    for _path, r in _by_path(disabled).items():
         assert not r.get("shim_error"), r
     assert [quirk.ID, "vllm.engine.arg_utils"] not in disabled["patched"]
     if not has_v1_variable():
@@ -72,27 +86,36 @@ def test_v0_request_per_release(tmp_path):
     assert results["async_llm"]["records"] == []  # raised before any engine config was built
     if has_v0_engine():
         assert out["import_env"] == "0"
-        assert out["engine_classes"] == {"LLMEngine": "vllm.engine.llm_engine",
-                                         "AsyncLLMEngine": "vllm.engine.async_llm_engine"}
+        assert out["engine_classes"] == {
+            "LLMEngine": "vllm.engine.llm_engine",
+            "AsyncLLMEngine": "vllm.engine.async_llm_engine",
+        }
         # Sync engine, the real V0 AsyncLLMEngine and the OpenAI server build V0 configs.
         for path in ("engine_args", "llm_kw", "async_llm_engine", "openai_server"):
             assert "error" not in results[path], results[path]
         assert out["phases"][0]["envs_use_v1"] is False
     else:
         assert out["import_env"] is None  # never VLLM_USE_V1=0: that only leads to vLLM's unclear error
-        expected = (f"NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the installed vLLM {VLLM_VERSION} has none "
-                    f"(V0 was removed in vLLM 0.11.0). Unset NRL_VLLM_USE_V1 (or set it to 1), or install vLLM < 0.11.0.")
+        expected = (
+            f"NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the installed vLLM {VLLM_VERSION} has none "
+            f"(V0 was removed in vLLM 0.11.0). Unset NRL_VLLM_USE_V1 (or set it to 1), or install vLLM < 0.11.0."
+        )
         for path in ("engine_args", "llm_kw", "openai_server"):
             assert results[path]["error"] == "UnsupportedConfigError" and results[path]["message"] == expected
         # AsyncLLMEngine is an alias of AsyncLLM here: the async message
         assert results["async_llm_engine"]["message"].endswith(ASYNC_MESSAGE)
 
 
-@pytest.mark.parametrize("version, wanted, fragment", [
-    ("0.8.5", True, "sets VLLM_USE_V1=1"), ("0.10.1.1", False, "the async engine (AsyncLLM) will refuse V0"),
-    ("0.11.0", True, "V1 only (VLLM_USE_V1=0 is an error)"), ("0.11.2", False, "will fail at engine creation"),
-    ("0.33.0", True, "V1 only, no VLLM_USE_V1 variable"),
-])
+@pytest.mark.parametrize(
+    "version, wanted, fragment",
+    [
+        ("0.8.5", True, "sets VLLM_USE_V1=1"),
+        ("0.10.1.1", False, "the async engine (AsyncLLM) will refuse V0"),
+        ("0.11.0", True, "V1 only (VLLM_USE_V1=0 is an error)"),
+        ("0.11.2", False, "will fail at engine creation"),
+        ("0.33.0", True, "V1 only, no VLLM_USE_V1 variable"),
+    ],
+)
 def test_doctor_line(version, wanted, fragment):
     from nrl_shim.registry import load_settings
 

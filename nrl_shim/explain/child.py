@@ -92,12 +92,18 @@ def main(argv=None):
         config = engine_args.create_engine_config()
         result = {"config": flatten(config), "model_type": config.model_config.hf_config.model_type}
     except Exception as exc:
-        result = {"error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__,
-                  "shim_error": isinstance(exc, nrl_shim.ShimError)}
+        result = {
+            "error": f"{type(exc).__name__}: {exc}",
+            "error_type": type(exc).__name__,
+            "shim_error": isinstance(exc, nrl_shim.ShimError),
+        }
         platform = locals().get("platform")
         env_at_import = locals().get("env_at_import")
     result.update(
-        shim_active=nrl_shim.is_active(), changes=changes, platform=platform, vllm=_vllm_version(),
+        shim_active=nrl_shim.is_active(),
+        changes=changes,
+        platform=platform,
+        vllm=_vllm_version(),
         env={"VLLM_USE_V1": {"before": env_before, "after": os.environ.get("VLLM_USE_V1"), "at_import": env_at_import}},
     )
     sys.stdout.write("\n" + json.dumps(result, default=str) + "\n")

@@ -20,29 +20,65 @@ _TEXT = {
     "torch_dtype": "bfloat16",
 }
 
-_GEMMA_TEXT = dict(_TEXT, sliding_window=None, query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh",
-                   bos_token_id=2, eos_token_id=1, pad_token_id=0)
+_GEMMA_TEXT = dict(
+    _TEXT,
+    sliding_window=None,
+    query_pre_attn_scalar=32,
+    hidden_activation="gelu_pytorch_tanh",
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+)
 
 CONFIGS = {
-    "gemma2": dict(_GEMMA_TEXT, architectures=["Gemma2ForCausalLM"], model_type="gemma2",
-                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
-    "gemma3_text": dict(_GEMMA_TEXT, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-                        rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window_pattern=6),
+    "gemma2": dict(
+        _GEMMA_TEXT,
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+    ),
+    "gemma3_text": dict(
+        _GEMMA_TEXT,
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        sliding_window_pattern=6,
+    ),
     "gemma3": {
         "architectures": ["Gemma3ForConditionalGeneration"],
         "model_type": "gemma3",
-        "text_config": dict(_GEMMA_TEXT, model_type="gemma3_text", rope_theta=1000000.0,
-                            rope_local_base_freq=10000.0, sliding_window_pattern=6),
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-                          "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 56, "patch_size": 14},
+        "text_config": dict(
+            _GEMMA_TEXT,
+            model_type="gemma3_text",
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            sliding_window_pattern=6,
+        ),
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+        },
         "mm_tokens_per_image": 4,
         "boi_token_index": 255,
         "eoi_token_index": 256,
         "image_token_index": 257,
         "torch_dtype": "bfloat16",
     },
-    "llama": dict(_TEXT, architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0,
-                  bos_token_id=1, eos_token_id=2),
+    "llama": dict(
+        _TEXT,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
 }
 
 

@@ -15,13 +15,15 @@ import os
 import re
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_cache = {}
+_cache: dict = {}
 
 
 def hub_cache_dir(environ=None):
     """The huggingface_hub cache directory the environment selects (same precedence as huggingface_hub)."""
     env = os.environ if environ is None else environ
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
     cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(os.path.expanduser(home), "hub")
     return os.path.expandvars(os.path.expanduser(cache))
 
@@ -56,8 +58,14 @@ def _read_ref(repo_dir, revision):
 
 def model_type(model, revision=None, hf_overrides=None):
     """config.json's model_type for `model` (after hf_overrides), or None when unknown. Cached per process."""
-    key = (model, revision, os.environ.get("HF_HUB_CACHE"), os.environ.get("HUGGINGFACE_HUB_CACHE"),
-           os.environ.get("HF_HOME"), os.environ.get("XDG_CACHE_HOME"))
+    key = (
+        model,
+        revision,
+        os.environ.get("HF_HUB_CACHE"),
+        os.environ.get("HUGGINGFACE_HUB_CACHE"),
+        os.environ.get("HF_HOME"),
+        os.environ.get("XDG_CACHE_HOME"),
+    )
     try:
         found = _cache[key]
     except KeyError:

@@ -24,7 +24,7 @@ _ALIASES = ("torch.distributed.tensor.experimental", LEGACY)  # modules that re-
 _LAYER = "cp-context"  # the id of our one wrapt layer on context_parallel
 
 _lock = threading.RLock()
-_hooks = {}  # quirk id -> (before, after)
+_hooks: dict = {}  # quirk id -> (before, after)
 _depth = 0  # CP contexts currently entered in this process (torch's CP state is process-wide, so is ours)
 
 
@@ -172,8 +172,10 @@ class _Leftovers:
         if self.buffers is None:
             from . import report
 
-            report.logger().warning("context_parallel was left by an exception and torch did not restore the sharded "
-                                    "buffers; nrl-shim could not find torch's copies to restore them either")
+            report.logger().warning(
+                "context_parallel was left by an exception and torch did not restore the sharded "
+                "buffers; nrl-shim could not find torch's copies to restore them either"
+            )
             return
         with torch.no_grad():
             for buffer, original in self.buffers:

@@ -14,4 +14,3 @@ CP_MODULES = (
     "torch.distributed.tensor.experimental._context_parallel._attention",
     "torch.distributed.tensor.experimental._attention",
 )
-

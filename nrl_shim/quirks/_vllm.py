@@ -10,7 +10,7 @@ def installed_version():
     return find("vllm").version
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def version_at_least(minimum):
     from packaging.version import Version
 

@@ -35,8 +35,8 @@ def _sdpa_guard(wrapped, instance, args, kwargs):
         "torch.distributed.tensor.experimental.context_parallel. torch's context parallel only supports SDPA "
         "without an attention mask or bias (causal attention via is_causal=True): it shards q/k/v along the "
         "sequence and has no rule to shard a mask, so without this check torch fails later with an error that does "
-        "not mention the mask (e.g. \"Sharding dim 2 greater than tensor ndim 2\" or, on GPU, \"attn_bias is not "
-        "supported yet\"). What you can do: turn context parallel off (CP size 1); or use a model whose attention "
+        'not mention the mask (e.g. "Sharding dim 2 greater than tensor ndim 2" or, on GPU, "attn_bias is not '
+        'supported yet"). What you can do: turn context parallel off (CP size 1); or use a model whose attention '
         "is plain causal SDPA (transformers passes no mask when the batch has no padding and no sliding window "
         "applies) and feed unpadded sequences; note that Gemma-3's sliding-window layers always pass a mask once "
         "the sequence is longer than the window, so Gemma-3 cannot run under CP. "

@@ -28,15 +28,18 @@ def _flash_guard(wrapped, instance, args, kwargs):
     from ..errors import UnsupportedConfigError
 
     query = args[0] if args else kwargs.get("query_states")
-    shape = "" if not hasattr(query, "shape") else (
-        f" (query of shape {tuple(query.shape)} [batch, sequence, heads, head_dim], dtype {query.dtype})")
+    shape = (
+        ""
+        if not hasattr(query, "shape")
+        else (f" (query of shape {tuple(query.shape)} [batch, sequence, heads, head_dim], dtype {query.dtype})")
+    )
     raise UnsupportedConfigError(
-        "context parallel: transformers' flash-attention path (attn_implementation=\"flash_attention_2\") was called "
+        'context parallel: transformers\' flash-attention path (attn_implementation="flash_attention_2") was called '
         f"inside torch.distributed.tensor.experimental.context_parallel{shape}. torch's context parallel only shards "
-        "attention computed by torch.nn.functional.scaled_dot_product_attention (attn_implementation=\"sdpa\"); flash "
+        'attention computed by torch.nn.functional.scaled_dot_product_attention (attn_implementation="sdpa"); flash '
         "kernels are not sharded, so each rank would attend only to its own chunk of the sequence. Sequence packing "
         "needs flash_attention_2 and context parallel needs sdpa, so the two cannot be combined. What you can do: "
-        "turn sequence packing off and load the model with attn_implementation=\"sdpa\" to keep context parallel, or "
+        'turn sequence packing off and load the model with attn_implementation="sdpa" to keep context parallel, or '
         "keep sequence packing and set the context-parallel size to 1. "
         f"To skip this check: NRL_SHIM_DISABLE={ID}."
     )

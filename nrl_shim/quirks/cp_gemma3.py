@@ -7,7 +7,9 @@ from . import _versions
 from ._cp_targets import cp_targets
 
 ID = "cp-gemma3"
-SUMMARY = "inside context_parallel: a Gemma-3 forward raises a clear error before any attention runs (NeMo RL refuses it)"
+SUMMARY = (
+    "inside context_parallel: a Gemma-3 forward raises a clear error before any attention runs (NeMo RL refuses it)"
+)
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
 VERSIONS = _versions.TRANSFORMERS_CP

@@ -59,8 +59,10 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
     plan = args[2] if len(args) > 2 else kwargs.get("parallelize_plan")
     paths = _sp_paths(plan)
     if paths and _torch_cp.active():
-        raise _error(f"parallelize_module was asked to apply SequenceParallel to {_describe(module, mesh, paths)} "
-                     "inside torch.distributed.tensor.experimental.context_parallel")
+        raise _error(
+            f"parallelize_module was asked to apply SequenceParallel to {_describe(module, mesh, paths)} "
+            "inside torch.distributed.tensor.experimental.context_parallel"
+        )
     outermost = not getattr(_nested, "depth", 0)
     _nested.depth = getattr(_nested, "depth", 0) + 1
     try:
@@ -75,8 +77,10 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
 def _check_on_enter():
     applied = list(_applied.values()) if _applied is not None else []
     if applied:
-        raise _error("torch.distributed.tensor.experimental.context_parallel was entered in a process where "
-                     f"parallelize_module applied SequenceParallel to {'; '.join(applied)}")
+        raise _error(
+            "torch.distributed.tensor.experimental.context_parallel was entered in a process where "
+            f"parallelize_module applied SequenceParallel to {'; '.join(applied)}"
+        )
 
 
 def patch_api(module, settings):

@@ -22,20 +22,29 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ..settings import Variable, parse_bool
 
 ID = "ray-propagate-env"
-SUMMARY = ("ray.init(): every worker of the job runs the shim, whatever its interpreter (NRL_* env_vars, the shim "
-           "shipped with py_modules, activated by worker_process_setup_hook)")
+SUMMARY = (
+    "ray.init(): every worker of the job runs the shim, whatever its interpreter (NRL_* env_vars, the shim "
+    "shipped with py_modules, activated by worker_process_setup_hook)"
+)
 LINK = "https://docs.ray.io/en/latest/ray-core/handling-dependencies.html#runtime-environments"
 LIBRARY = "ray"
 VERSIONS = ">=2.0"
 SETTINGS = (
-    Variable("NRL_SHIM_RAY_SHIP", "ray_ship", parse_bool, True, "`1` / `0`",
-             "ship the shim to every Ray worker of the job (`py_modules` + worker setup hook; see \"Ray\"); `0`: "
-             "`env_vars` only"),
+    Variable(
+        "NRL_SHIM_RAY_SHIP",
+        "ray_ship",
+        parse_bool,
+        True,
+        "`1` / `0`",
+        'ship the shim to every Ray worker of the job (`py_modules` + worker setup hook; see "Ray"); `0`: '
+        "`env_vars` only",
+    ),
 )
 
 # NRL_SHIM_RECIPE is exported by the eager-recipes quirk at activation, so it is covered by the prefix too.
@@ -54,9 +63,9 @@ class _Job:
     staged_dir: str | None = None
 
 
-def shim_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(_PREFIXES)}
+def shim_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(source.items()) if k.startswith(_PREFIXES)}
 
 
 def staged_package() -> str:
@@ -75,7 +84,7 @@ def staged_package() -> str:
         target = os.path.join(root, "nrl_shim")
         shutil.copytree(package, target, ignore=ignore)
         for dependency in ("wrapt", "packaging"):
-            source = os.path.dirname(importlib.import_module(dependency).__file__)
+            source = os.path.dirname(str(importlib.import_module(dependency).__file__))
             shutil.copytree(source, os.path.join(target, "_vendor", dependency), ignore=ignore)
         _Job.staged_dir = target
     return _Job.staged_dir
@@ -97,8 +106,10 @@ def _ship_problem(runtime_env: dict[str, Any], injected: dict[str, Any]) -> tupl
     """(field, why) when the shim can't be merged into this runtime_env; None when it can."""
     for field in _IMAGE_FIELDS:
         if runtime_env.get(field) or injected.get(field):
-            return field, ("Ray accepts only env_vars and config beside it, so the shim can't be shipped; install "
-                           "nrl-shim in that image and set NRL_SHIM=1 there")
+            return field, (
+                "Ray accepts only env_vars and config beside it, so the shim can't be shipped; install "
+                "nrl-shim in that image and set NRL_SHIM=1 there"
+            )
     for field in ("py_modules", "worker_process_setup_hook"):
         if injected.get(field):
             return field, "set by the Ray Jobs submission, and Ray refuses to merge ray.init's with it"
@@ -117,8 +128,10 @@ def _cannot_merge(field: str, why: str, strict: bool) -> None:
     from .. import report
     from ..errors import UnsupportedConfigError
 
-    message = (f"[{ID}] runtime_env[{field!r}]: {why}. Workers with their own Python get no shim; workers that have "
-               f"nrl-shim installed still activate through NRL_SHIM=1")
+    message = (
+        f"[{ID}] runtime_env[{field!r}]: {why}. Workers with their own Python get no shim; workers that have "
+        f"nrl-shim installed still activate through NRL_SHIM=1"
+    )
     if strict:
         raise UnsupportedConfigError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_RAY_SHIP=0)")
     report.warn_once(ID, field, message)
@@ -150,15 +163,29 @@ def merge_job_runtime_env(runtime_env: Any, ship: bool, strict: bool = False) ->
                 added[CHAINED_HOOK_VAR] = hook
             else:
                 after["worker_process_setup_hook"] = chain(hook)
-            report.changed(ID, "ray.init runtime_env['py_modules']", [str(m) for m in before.get("py_modules") or ()],
-                           [str(m) for m in py_modules], "so workers with their own Python can import the shim")
-            report.changed(ID, "ray.init runtime_env['worker_process_setup_hook']", _hook_name(hook),
-                           HOOK if hook is None else f"{HOOK}, then {_hook_name(hook)}",
-                           "activates the shim in every worker of the job before its code runs")
+            report.changed(
+                ID,
+                "ray.init runtime_env['py_modules']",
+                [str(m) for m in before.get("py_modules") or ()],
+                [str(m) for m in py_modules],
+                "so workers with their own Python can import the shim",
+            )
+            report.changed(
+                ID,
+                "ray.init runtime_env['worker_process_setup_hook']",
+                _hook_name(hook),
+                HOOK if hook is None else f"{HOOK}, then {_hook_name(hook)}",
+                "activates the shim in every worker of the job before its code runs",
+            )
     if added:
         after["env_vars"] = {**user_vars, **added}
-        report.changed(ID, "ray.init runtime_env['env_vars']", user_vars, after["env_vars"],
-                       "so workers on a separately started Ray cluster activate the shim too")
+        report.changed(
+            ID,
+            "ray.init runtime_env['env_vars']",
+            user_vars,
+            after["env_vars"],
+            "so workers on a separately started Ray cluster activate the shim too",
+        )
     if after == before:
         return runtime_env
     if runtime_env is not None and type(runtime_env) is not dict:
@@ -190,7 +217,9 @@ def _init_wrapper(wrapped, instance, args, kwargs, current):
     if merged is not runtime_env:
         kwargs = dict(kwargs, runtime_env=merged)
     # Before the call: Ray replaces local py_modules by their URIs in place while uploading.
-    shipped = isinstance(merged, dict) and _Job.staged_dir is not None and _Job.staged_dir in (merged.get("py_modules") or ())
+    shipped = (
+        isinstance(merged, dict) and _Job.staged_dir is not None and _Job.staged_dir in (merged.get("py_modules") or ())
+    )
     result = wrapped(*args, **kwargs)
     _Job.shim_uri = _uploaded_uri() if shipped else None
     return result
@@ -202,8 +231,12 @@ def _ray_has_setup_hook() -> bool:
         return True
     from .. import report
 
-    report.warn_once(ID, "no-hook", f"[{ID}] this Ray has no worker_process_setup_hook (Ray >= 2.9): the shim is not "
-                                    "shipped; workers activate only where nrl-shim is installed")
+    report.warn_once(
+        ID,
+        "no-hook",
+        f"[{ID}] this Ray has no worker_process_setup_hook (Ray >= 2.9): the shim is not "
+        "shipped; workers activate only where nrl-shim is installed",
+    )
     return False
 
 
@@ -219,8 +252,13 @@ def _task_runtime_env_wrapper(wrapped, instance, args, kwargs):
 
             # Ray's own RuntimeEnv, parsed from the user's options (not the user's dict): updated in place, once.
             runtime_env["py_modules"] = [*modules, uri]
-            report.changed(ID, "actor/task runtime_env['py_modules']", list(modules), [*modules, uri],
-                           "an actor's own py_modules replace the job's; the shim's package must stay")
+            report.changed(
+                ID,
+                "actor/task runtime_env['py_modules']",
+                list(modules),
+                [*modules, uri],
+                "an actor's own py_modules replace the job's; the shim's package must stay",
+            )
     return wrapped(*args, **kwargs)
 
 

@@ -20,8 +20,14 @@ LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
 TARGETS = ("vllm.v1.engine.async_llm",)
 SETTINGS = (
-    Variable("NRL_VLLM_ASYNC_TIMEOUT_SECONDS", "async_timeout_s", parse_seconds, 600.0, "positive number",
-             "longest wait for each next output of an async rollout"),
+    Variable(
+        "NRL_VLLM_ASYNC_TIMEOUT_SECONDS",
+        "async_timeout_s",
+        parse_seconds,
+        600.0,
+        "positive number",
+        "longest wait for each next output of an async rollout",
+    ),
 )
 
 _REQUEST_ID_POSITION = 2  # generate(self, prompt, sampling_params, request_id, ...) in every release 0.8.5 - 0.33
@@ -34,7 +40,14 @@ class _Watchdog:
     __slots__ = ("timeout", "deadline", "handle", "task", "loop", "expired")
 
     def __init__(self, timeout):
-        self.timeout, self.deadline, self.handle, self.task, self.loop, self.expired = timeout, None, None, None, None, False
+        self.timeout, self.deadline, self.handle, self.task, self.loop, self.expired = (
+            timeout,
+            None,
+            None,
+            None,
+            None,
+            False,
+        )
 
     def start(self):
         """Schedule the timer (first wait, or first wait after the timer found the consumer busy elsewhere)."""
@@ -69,7 +82,8 @@ def _timeout_error(request_id, timeout):
     return ShimTimeoutError(
         f"vLLM request {request_id!r} produced no output for {timeout:g} s (NRL_VLLM_ASYNC_TIMEOUT_SECONDS={timeout:g}); "
         f"the request was aborted. For longer sequences, increase the timeout: "
-        f"export NRL_VLLM_ASYNC_TIMEOUT_SECONDS={2 * timeout:g}")
+        f"export NRL_VLLM_ASYNC_TIMEOUT_SECONDS={2 * timeout:g}"
+    )
 
 
 def _owned_cancellation(watchdog):

@@ -24,12 +24,24 @@ TARGETS = ("vllm.engine.arg_utils",)
 EXPLAIN_FIELDS = ("model_config.enforce_eager",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 EXPLAIN_DERIVED = ("compilation_config.", "kernel_config.")  # what vLLM derives from enforce_eager (graph sizes...)
 SETTINGS = (
-    Variable("NRL_SHIM_RECIPE", "recipe", parse_word, None, "recipe name, e.g. `grpo-deepscaler-1.5b-8K`",
-             "recipe for the eager-mode fix; when unset it is detected from the driver's `--config "
-             "path/to/<recipe>.yaml` and exported for children"),
-    Variable("NRL_SHIM_EAGER_RECIPES", "eager_recipes", parse_words, (), "comma list of globs, e.g. `my-recipe-*`",
-             "more recipes that need `enforce_eager=True` (packages can also add them via the entry-point group "
-             "`nrl_shim.eager_recipes`: a glob, a list of globs, or `{glob: reason}`)"),
+    Variable(
+        "NRL_SHIM_RECIPE",
+        "recipe",
+        parse_word,
+        None,
+        "recipe name, e.g. `grpo-deepscaler-1.5b-8K`",
+        "recipe for the eager-mode fix; when unset it is detected from the driver's `--config "
+        "path/to/<recipe>.yaml` and exported for children",
+    ),
+    Variable(
+        "NRL_SHIM_EAGER_RECIPES",
+        "eager_recipes",
+        parse_words,
+        (),
+        "comma list of globs, e.g. `my-recipe-*`",
+        "more recipes that need `enforce_eager=True` (packages can also add them via the entry-point group "
+        "`nrl_shim.eager_recipes`: a glob, a list of globs, or `{glob: reason}`)",
+    ),
 )
 
 ENTRY_POINT_GROUP = "nrl_shim.eager_recipes"
@@ -65,7 +77,7 @@ def recipe_from_argv(argv):
         if arg == "--config" and i + 1 < len(argv):
             found = argv[i + 1]
         elif arg.startswith("--config="):
-            found = arg[len("--config="):]
+            found = arg[len("--config=") :]
     return recipe_name(found) if found else None
 
 
@@ -109,7 +121,9 @@ def _plugin_patterns():
             except Exception as exc:  # a broken plugin must not break engine creation
                 from .. import report
 
-                report.logger().warning("[%s] entry point %s could not be loaded: %s: %s", ID, ep.name, type(exc).__name__, exc)
+                report.logger().warning(
+                    "[%s] entry point %s could not be loaded: %s: %s", ID, ep.name, type(exc).__name__, exc
+                )
                 continue
             if isinstance(value, str):
                 value = {value: f"entry point {ep.name}"}

@@ -18,16 +18,22 @@ TARGETS = ("vllm.engine.arg_utils",)
 MODES = ("always", "affected", "off")
 EXPLAIN_FIELDS = ("load_config.load_format",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 SETTINGS = (
-    Variable("NRL_SHIM_GEMMA_LOAD_FORMAT", "gemma_load_format", choice(*MODES), "always", "`always` / `affected` / `off`",
-             "`always`: as NeMo RL; `affected`: only on vLLM < 0.9.2, where the bug exists (dummy init stays on fixed "
-             "releases and start-up skips a full weight load); `off`: never"),
+    Variable(
+        "NRL_SHIM_GEMMA_LOAD_FORMAT",
+        "gemma_load_format",
+        choice(*MODES),
+        "always",
+        "`always` / `affected` / `off`",
+        "`always`: as NeMo RL; `affected`: only on vLLM < 0.9.2, where the bug exists (dummy init stays on fixed "
+        "releases and start-up skips a full weight load); `off`: never",
+    ),
 )
 
 GEMMA_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})  # NeMo RL's is_gemma_model (not gemma, gemma3n)
 FIXED_IN = "0.9.2"  # first vLLM release with vLLM PR #19788 (persistent=False)
 _WHY = f"Gemma's normalizer buffer is randomised by dummy init and never refit on vLLM < {FIXED_IN}; see {LINK}"
 
-_affected_cache = {}
+_affected_cache: dict = {}
 
 
 def vllm_is_affected(version):
@@ -58,12 +64,18 @@ def fix_engine_args(engine_args, settings):
     from ._vllm import installed_version
 
     load_format = getattr(engine_args, "load_format", None)
-    if settings is None or not _is_dummy(load_format) or not mode_applies(settings.gemma_load_format, installed_version()):
+    if (
+        settings is None
+        or not _is_dummy(load_format)
+        or not mode_applies(settings.gemma_load_format, installed_version())
+    ):
         return
     from . import _hf_config as hf_config
 
     model = getattr(engine_args, "hf_config_path", None) or engine_args.model
-    model_type = hf_config.model_type(model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None))
+    model_type = hf_config.model_type(
+        model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None)
+    )
     if model_type is None:
         from .. import report
 
@@ -74,7 +86,13 @@ def fix_engine_args(engine_args, settings):
     engine_args.load_format = _auto_like(load_format)
     from .. import report
 
-    report.changed(ID, f"vllm load_format for {model_type} model {model!r}", str(load_format.value if hasattr(load_format, "value") else load_format), "auto", _WHY)
+    report.changed(
+        ID,
+        f"vllm load_format for {model_type} model {model!r}",
+        str(load_format.value if hasattr(load_format, "value") else load_format),
+        "auto",
+        _WHY,
+    )
 
 
 def patch(module, settings):
@@ -92,8 +110,9 @@ def unpatch(module):
 def idle(settings, version):
     """Why the fix has nothing to do here (for `nrl-shim doctor`), or None."""
     if version is not None and not mode_applies(settings.gemma_load_format, version):
-        return (f"NRL_SHIM_GEMMA_LOAD_FORMAT={settings.gemma_load_format} and vLLM {version} is "
-                + ("affected" if vllm_is_affected(version) else f"fixed upstream (>= {FIXED_IN})"))
+        return f"NRL_SHIM_GEMMA_LOAD_FORMAT={settings.gemma_load_format} and vLLM {version} is " + (
+            "affected" if vllm_is_affected(version) else f"fixed upstream (>= {FIXED_IN})"
+        )
     return None
 
 

@@ -20,8 +20,14 @@ LIBRARY = "vllm"
 VERSIONS = _versions.VLLM
 EXPLAIN_ENV = ("VLLM_USE_V1",)  # environment variables this fix sets (for `nrl-shim explain`)
 SETTINGS = (
-    Variable("NRL_VLLM_USE_V1", "vllm_use_v1", parse_bool, True, "`1` / `0`",
-             "vLLM engine: V1, or V0 where it still exists (vLLM < 0.11.0; never with the async engine)"),
+    Variable(
+        "NRL_VLLM_USE_V1",
+        "vllm_use_v1",
+        parse_bool,
+        True,
+        "`1` / `0`",
+        "vLLM engine: V1, or V0 where it still exists (vLLM < 0.11.0; never with the async engine)",
+    ),
 )
 
 V0_REMOVED_IN = "0.11.0"
@@ -63,12 +69,14 @@ def check_v0_available(use_v1, is_async=False):
         raise UnsupportedConfigError(
             "NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the async engine (vllm.v1.engine.async_llm.AsyncLLM) "
             "always runs V1. Switch to synchronous inference (policy.generation.vllm_cfg.async_engine=False) "
-            "or drop NRL_VLLM_USE_V1=0.")
+            "or drop NRL_VLLM_USE_V1=0."
+        )
     if version_at_least(V0_REMOVED_IN):
         raise UnsupportedConfigError(
             f"NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the installed vLLM {installed_version()} has none "
             f"(V0 was removed in vLLM {V0_REMOVED_IN}). Unset NRL_VLLM_USE_V1 (or set it to 1), "
-            f"or install vLLM < {V0_REMOVED_IN}.")
+            f"or install vLLM < {V0_REMOVED_IN}."
+        )
 
 
 def patch_envs(module, settings):
