@@ -39,7 +39,7 @@ def _install(session: nox.Session, vllm: str) -> None:
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
 
 
-@nox.session(python=["3.10", "3.11", "3.12", "3.13"])
+@nox.session(python=["3.10", "3.11", "3.12", "3.13"], tags=["ci"])
 def unit(session: nox.Session) -> None:
     """The fast loop: the suite without vLLM, torch, transformers or Ray (tests that need one skip, saying which)."""
     session.install("pytest>=8", "hypothesis>=6")

@@ -5,6 +5,8 @@ wrapt (~59 ms to import) is loaded by the first patch() that needs it. Targets i
 patched by activate() itself.
 """
 
+from __future__ import annotations
+
 import _thread  # not `threading`: it drags functools/collections into every interpreter start-up
 import os
 import sys

@@ -56,7 +56,15 @@ def python_child():
 # The fast loop (`nox -s unit`) runs without vLLM, torch, transformers or Ray. A test whose own code imports one of them
 # (often in the child code it runs) is skipped there, naming the library, instead of failing.
 _LIBRARIES = ("vllm", "torch", "transformers", "ray")
-_IMPORTS = re.compile(r"\b(?:import|from)\s+(" + "|".join(_LIBRARIES) + r")\b")
+_IMPORT_LINES = re.compile(r"\bimport\s+([\w., ]+)|\bfrom\s+(\w+)")
+
+
+def _imported(source):
+    names = set()
+    for plain, package in _IMPORT_LINES.findall(source):
+        names.update(part.strip().split(".")[0] for part in plain.split(",") if part.strip())
+        names.add(package)
+    return names
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,6 +80,6 @@ def pytest_collection_modifyitems(config, items):
             source = inspect.getsource(function) if function else ""
         except (OSError, TypeError):
             continue
-        needed = sorted(set(_IMPORTS.findall(source)) & missing)
+        needed = sorted(_imported(source) & missing)
         if needed:
             item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(needed)}, not installed here"))
