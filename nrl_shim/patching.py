@@ -34,7 +34,7 @@ class _BoundShimWrapper(wrapt.BoundFunctionWrapper):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # A method pickles as "getattr(owner, name)", as a plain bound method would (wrapt proxies refuse to pickle).
         owner = self._self_instance if self._self_instance is not None else getattr(self, "_self_owner", None)
-        return getattr, (owner, self.__name__)  # type: ignore[attr-defined]
+        return getattr, (owner, self.__name__)  # type: ignore[attr-defined,unused-ignore]
 
 
 class _ShimWrapper(wrapt.FunctionWrapper):
@@ -43,12 +43,12 @@ class _ShimWrapper(wrapt.FunctionWrapper):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Pickle by reference, like the module-level function it stands in for (found again by name on load).
         home = getattr(self, "_self_home", None)
-        qualname: str = self.__qualname__  # type: ignore[attr-defined]  # proxied from the wrapped function
+        qualname: str = self.__qualname__  # type: ignore[attr-defined,unused-ignore]  # proxied from the wrapped function
         if home is None or _lookup(self.__module__, qualname) is self:
             return qualname
         # A re-exported name we wrapped where it is used (e.g. ray.actor's copy of a ray._private.utils function):
         # "getattr(<that module>, name)". The module travels as import_module(name), so unpickling needs no nrl_shim.
-        return getattr, (_ModuleByName(home), self.__name__)  # type: ignore[attr-defined]
+        return getattr, (_ModuleByName(home), self.__name__)  # type: ignore[attr-defined,unused-ignore]
 
 
 class _ModuleByName:
