@@ -21,7 +21,7 @@ DRIVER = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import ray
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
 t_init = time.perf_counter() - t0
 
 @ray.remote(num_cpus=0.1)

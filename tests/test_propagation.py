@@ -57,7 +57,7 @@ def test_ray_actor_on_local_cluster():
         + """
 import json, ray
 import nrl_shim
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
 @ray.remote
 class Probe:
     def report(self):
