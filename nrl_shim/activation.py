@@ -5,8 +5,6 @@ wrapt (~59 ms to import) is loaded by the first patch() that needs it. Targets i
 patched by activate() itself.
 """
 
-from __future__ import annotations
-
 import _thread  # not `threading`: it drags functools/collections into every interpreter start-up
 import os
 import sys
@@ -27,21 +25,19 @@ if TYPE_CHECKING:
 
 class _State:
     active = False
-    settings: Settings | None = None
+    settings: "Settings | None" = None
     exported_nrl_shim = False  # we set NRL_SHIM=1 ourselves (so children activate) and must remove it on deactivate
-    targets: frozenset[str] = frozenset()  # module names of the enabled quirks' targets
-    patched: set[tuple[str, str]] = set()  # (quirk id, target module name) currently patched
-    applying: set[tuple[str, str]] = set()  # (quirk id, target module name) being patched by some thread right now
-    gates: dict[
-        str, tuple[bool, str | None, str]
-    ] = {}  # quirk id -> (applies, version, reason), computed on first target import
-    skipped: set[str] = set()  # quirk ids already warned about
+    targets: "frozenset[str]" = frozenset()  # module names of the enabled quirks' targets
+    patched: "set[tuple[str, str]]" = set()  # (quirk id, target module name) currently patched
+    applying: "set[tuple[str, str]]" = set()  # (quirk id, target module name) being patched by some thread right now
+    gates: "dict[ str, tuple[bool, str | None, str] ]" = {}  # quirk id -> (applies, version, reason), computed on first target import
+    skipped: "set[str]" = set()  # quirk ids already warned about
 
 
 _lock = _thread.RLock()
 
 
-def active_settings() -> Settings | None:
+def active_settings() -> "Settings | None":
     """The active Settings, or None when the shim is not active."""
     return _State.settings if _State.active else None
 
@@ -50,12 +46,12 @@ def is_active() -> bool:
     return _State.active
 
 
-def patched() -> list[tuple[str, str]]:
+def patched() -> "list[tuple[str, str]]":
     """(quirk id, module name) pairs patched in this process, for doctor and tests."""
     return sorted(_State.patched)
 
 
-def activate(settings: Settings | None = None, how: str = "nrl_shim.activate()") -> Settings:
+def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()") -> "Settings":
     """Activate the shim in this process (idempotent) and return the effective Settings.
 
     Calling it again re-applies fixes that were lost (e.g. after importlib.reload of a target module).
@@ -89,7 +85,7 @@ def activate(settings: Settings | None = None, how: str = "nrl_shim.activate()")
     return current
 
 
-def _report() -> ModuleType:
+def _report() -> "ModuleType":
     """The report module, its logger at the active level. Imported only when something is logged or patched: `logging`
     costs start-up time in every interpreter that never imports a target."""
     from . import report
@@ -100,7 +96,7 @@ def _report() -> ModuleType:
     return report
 
 
-def _announce(current: Settings, how: str) -> None:
+def _announce(current: "Settings", how: str) -> None:
     from . import __version__
 
     enabled = [q.id for q in registry.quirks() if current.is_enabled(q.id)]
@@ -155,7 +151,7 @@ def activate_on_import() -> None:
         os._exit(2)  # SystemExit would be swallowed or turned into a fatal init error by site.py
 
 
-def _imported_by_site() -> str | None:
+def _imported_by_site() -> "str | None":
     """How the interpreter's start-up imported us (NRL_SHIM=1 via the .pth, or a sitecustomize), or None."""
     frame: FrameType | None = sys._getframe()
     while frame is not None:
@@ -168,7 +164,7 @@ def _imported_by_site() -> str | None:
     return None
 
 
-def _enabled_quirks() -> list[Quirk]:
+def _enabled_quirks() -> "list[Quirk]":
     if _State.settings is None:
         return []  # deactivated meanwhile (another thread)
     return [q for q in registry.quirks() if _State.settings.is_enabled(q.id)]
@@ -184,7 +180,7 @@ class _TargetFinder:
     system already hands us `path` (the parent's __path__), so we just ask the other finders with it.
     """
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "ModuleSpec | None":
         if fullname not in _State.targets or not _State.active:
             return None
         for finder in sys.meta_path:
@@ -204,16 +200,16 @@ class _TargetFinder:
 class _NotifyingLoader:
     """The real loader, plus a call to _on_import once the module has executed."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: "Any") -> None:
         self.loader = loader
 
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package, get_resource_reader ...
+    def __getattr__(self, name: str) -> "Any":  # get_code, get_source, is_package, get_resource_reader ...
         return getattr(self.loader, name)
 
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         return self.loader.create_module(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         # Put the real loader back first, so reload(), inspect and importlib.resources see the module as usual.
         module.__loader__ = self.loader
         spec = getattr(module, "__spec__", None)
@@ -228,7 +224,7 @@ class _NotifyingLoader:
 # import targets concurrently.
 
 
-def _on_import(module: ModuleType) -> None:
+def _on_import(module: "ModuleType") -> None:
     with _lock:
         if not _State.active:
             return
@@ -237,7 +233,7 @@ def _on_import(module: ModuleType) -> None:
         _apply(quirk, module)
 
 
-def _apply(quirk: Quirk, module: ModuleType) -> None:
+def _apply(quirk: "Quirk", module: "ModuleType") -> None:
     key = (quirk.id, module.__name__)
     with _lock:
         if not _State.active or key in _State.applying:
@@ -269,7 +265,7 @@ def _apply(quirk: Quirk, module: ModuleType) -> None:
             _State.applying.discard(key)
 
 
-def _skip(quirk: Quirk, reason: str) -> None:
+def _skip(quirk: "Quirk", reason: str) -> None:
     message = f"[{quirk.id}] fix skipped: {reason}"
     if _State.settings is not None and _State.settings.strict:
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")

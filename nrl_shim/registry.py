@@ -17,8 +17,6 @@ A quirk module declares (ddtrace/OpenTelemetry style):
 Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
 """
 
-from __future__ import annotations
-
 import sys
 
 TYPE_CHECKING = False  # not typing's: this module is on every interpreter's start-up path
@@ -44,7 +42,7 @@ QUIRK_MODULES = (
 class Quirk:
     """A quirk module seen through the fixed interface above."""
 
-    def __init__(self, module: ModuleType) -> None:
+    def __init__(self, module: "ModuleType") -> None:
         self.module = module
         self.id = module.ID
         self.summary = module.SUMMARY
@@ -66,13 +64,13 @@ class Quirk:
     def __repr__(self) -> str:
         return f"<Quirk {self.id} {self.library}{self.versions}>"
 
-    def patch(self, module: ModuleType, settings: Settings) -> None:
+    def patch(self, module: "ModuleType", settings: "Settings") -> None:
         self._handlers[module.__name__][0](module, settings)
 
-    def unpatch(self, module: ModuleType) -> None:
+    def unpatch(self, module: "ModuleType") -> None:
         self._handlers[module.__name__][1](module)
 
-    def gate(self) -> tuple[bool, str | None, str]:
+    def gate(self) -> "tuple[bool, str | None, str]":
         """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed
         at all (nothing to fix then). Imports importlib.metadata/packaging: call lazily."""
         applies, installed, reason = _check(self.library, self.versions)
@@ -86,7 +84,7 @@ class Quirk:
         return applies, installed, reason
 
 
-def _check(library: str, versions: str) -> tuple[bool, str | None, str]:
+def _check(library: str, versions: str) -> "tuple[bool, str | None, str]":
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -109,7 +107,7 @@ def _check(library: str, versions: str) -> tuple[bool, str | None, str]:
 _QUIRKS = None
 
 
-def quirks() -> tuple[Quirk, ...]:
+def quirks() -> "tuple[Quirk, ...]":
     """All registered quirks, in registry order (imported once)."""
     global _QUIRKS
     if _QUIRKS is None:
@@ -117,16 +115,16 @@ def quirks() -> tuple[Quirk, ...]:
     return _QUIRKS
 
 
-def _import(name: str) -> ModuleType:
+def _import(name: str) -> "ModuleType":
     __import__(name)  # plain __import__: `importlib` itself is not loaded at interpreter start-up
     return sys.modules[name]
 
 
-def quirk_ids() -> tuple[str, ...]:
+def quirk_ids() -> "tuple[str, ...]":
     return tuple(q.id for q in quirks())
 
 
-def variables() -> tuple[Variable, ...]:
+def variables() -> "tuple[Variable, ...]":
     """Every NRL_* variable: the core's, then each quirk's own SETTINGS, in registry order."""
     from .settings import CORE_VARIABLES
 
@@ -136,37 +134,15 @@ def variables() -> tuple[Variable, ...]:
     return tuple(declared)
 
 
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(environ: "Mapping[str, str] | None" = None) -> "Settings":
     """Settings from `environ` (default os.environ): every declared variable parsed and validated."""
     from .settings import Settings
 
     return Settings.from_env(environ, known_ids=quirk_ids(), variables=variables())
 
 
-def get(quirk_id: str) -> Quirk:
+def get(quirk_id: str) -> "Quirk":
     for quirk in quirks():
         if quirk.id == quirk_id:
             return quirk
     raise KeyError(quirk_id)
-
-
-def _default_text(variable: Variable) -> str:
-    from .settings import as_text
-
-    text = as_text(variable.default)
-    return {"(unset)": "unset", "(none)": "none"}.get(text, f"`{text}`")
-
-
-def _applies_to(quirk: Quirk) -> str:
-    ranges = [f"{quirk.library} `{quirk.versions}`"] + [f"{lib} `{v}`" for lib, v in quirk.also_requires.items()]
-    return ", ".join(ranges)
-
-
-def markdown_tables() -> str:
-    """README's variable and quirk tables, from the declarations (tests check README against this). After adding a
-    quirk or a setting: python -c "from nrl_shim.registry import markdown_tables; print(markdown_tables())"."""
-    lines = ["| variable | values | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{v.name}` | {v.accepted} | {_default_text(v)} | {v.meaning} |" for v in variables()]
-    lines += ["", "| id | what | applies to | upstream |", "|---|---|---|---|"]
-    lines += [f"| `{q.id}` | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in quirks()]
-    return "\n".join(lines)

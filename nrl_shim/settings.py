@@ -5,8 +5,6 @@ what is accepted. The registry collects the declarations (registry.variables(), 
 Stdlib only, no dataclasses/typing/logging: this runs at start-up of every interpreter when NRL_SHIM=1.
 """
 
-from __future__ import annotations
-
 import math
 import os
 
@@ -22,7 +20,7 @@ _FALSE = ("0", "false", "no", "off")
 _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "DEBUG": 10}
 
 
-def _fail(name: str, raw: str, accepted: str) -> NoReturn:
+def _fail(name: str, raw: str, accepted: str) -> "NoReturn":
     raise SettingsError(f"{name}={raw!r} is not valid; accepted: {accepted}")
 
 
@@ -64,7 +62,7 @@ def parse_words(name: str, raw: str) -> tuple:
     return tuple(parse_word(name, item) for item in raw.split(",") if item.strip())
 
 
-def choice(*choices: str) -> Callable[[str, str], str]:
+def choice(*choices: str) -> "Callable[[str, str], str]":
     def parse_choice(name: str, raw: str) -> str:
         value = raw.strip().lower()
         if value not in choices:
@@ -81,8 +79,14 @@ class Variable(tuple):
     __slots__ = ()
 
     def __new__(
-        cls, name: str, attr: str, parse: Callable[[str, str], Any] | None, default: Any, accepted: str, meaning: str
-    ) -> Variable:
+        cls,
+        name: str,
+        attr: str,
+        parse: "Callable[[str, str], Any] | None",
+        default: "Any",
+        accepted: str,
+        meaning: str,
+    ) -> "Variable":
         return tuple.__new__(cls, (name, attr, parse, default, accepted, meaning))
 
     name = property(lambda self: self[0])
@@ -132,7 +136,7 @@ CORE_VARIABLES = (
 )
 
 
-def as_text(value: Any) -> str:
+def as_text(value: "Any") -> str:
     """A setting's value as a user writes it in the environment."""
     if value is None:
         return "(unset)"
@@ -153,17 +157,17 @@ class Settings:
 
     __slots__ = ("_values", "_variables")
 
-    def __init__(self, values: Mapping[str, Any], variables: Iterable[Variable] = CORE_VARIABLES) -> None:
+    def __init__(self, values: "Mapping[str, Any]", variables: "Iterable[Variable]" = CORE_VARIABLES) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_variables", tuple(variables))
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> "Any":
         try:
             return self._values[name]
         except KeyError:
             raise AttributeError(f"Settings has no {name!r}; declared: {', '.join(self._values)}") from None
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: "Any") -> None:
         raise AttributeError("Settings is immutable; build a new one with registry.load_settings()")
 
     def __repr__(self) -> str:
@@ -175,10 +179,10 @@ class Settings:
     def __hash__(self) -> int:
         return hash(tuple(sorted((k, repr(v)) for k, v in self._values.items())))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> "dict[str, Any]":
         return dict(self._values)
 
-    def as_environment(self) -> dict[str, str]:
+    def as_environment(self) -> "dict[str, str]":
         """{variable: value} as a user writes them in the environment (doctor's effective settings)."""
         return {v.name: as_text(self._values[v.attr]) for v in self._variables}
 
@@ -188,10 +192,10 @@ class Settings:
     @classmethod
     def from_env(
         cls,
-        environ: Mapping[str, str] | None = None,
-        known_ids: Iterable[str] | None = None,
-        variables: Iterable[Variable] = CORE_VARIABLES,
-    ) -> Settings:
+        environ: "Mapping[str, str] | None" = None,
+        known_ids: "Iterable[str] | None" = None,
+        variables: "Iterable[Variable]" = CORE_VARIABLES,
+    ) -> "Settings":
         """Parse `variables` from `environ` (default os.environ); raise SettingsError naming the first bad one.
         `known_ids` validates NRL_SHIM_DISABLE."""
         environ = os.environ if environ is None else environ
@@ -205,7 +209,7 @@ class Settings:
         return cls(values, variables)
 
 
-def _parse_disable(raw: str, known_ids: Iterable[str] | None) -> frozenset[str]:
+def _parse_disable(raw: str, known_ids: "Iterable[str] | None") -> "frozenset[str]":
     ids = frozenset(item.strip() for item in raw.split(",") if item.strip())
     if "*" in ids:
         if len(ids) > 1:

@@ -17,7 +17,7 @@ import inspect
 import sys
 import threading
 
-from ._versions import CP_MODULES as TARGETS  # gated on _versions.TORCH_CP by each CP quirk
+from . import CP_MODULES as TARGETS  # gated on TORCH_CP by each CP quirk
 
 CURRENT, LEGACY = TARGETS  # the real code on 2.10+; the real code on 2.6-2.9 and a re-export stub on 2.10+
 _ALIASES = ("torch.distributed.tensor.experimental", LEGACY)  # modules that re-export context_parallel

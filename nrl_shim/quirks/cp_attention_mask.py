@@ -5,14 +5,13 @@ one rank, runs without complaint. While a CP context is active, the SDPA that CP
 with an attn_mask raises one clear error first; calls without a mask go to CP's function unchanged.
 """
 
-from . import _versions
-from ._cp_targets import cp_targets
+from . import TORCH_CP, cp_targets
 
 ID = "cp-attention-mask"
 SUMMARY = "inside context_parallel: SDPA called with an attn_mask raises a clear error (torch CP supports no mask/bias)"
 LINK = "https://github.com/pytorch/pytorch/blob/134179474539648ba7dee1317959529fbd0e7f89/torch/distributed/tensor/experimental/_attention.py#L262"
 LIBRARY = "torch"
-VERSIONS = _versions.TORCH_CP
+VERSIONS = TORCH_CP
 
 _SDPA = "scaled_dot_product_attention"
 

@@ -7,15 +7,14 @@ flash kernel is needed. Every flash variant of transformers goes through `_flash
 
 import sys
 
-from . import _versions
-from ._cp_targets import cp_targets
+from . import TORCH_CP, TRANSFORMERS_CP, cp_targets
 
 ID = "cp-flash-attention"
 SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = _versions.TRANSFORMERS_CP
-ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
+VERSIONS = TRANSFORMERS_CP
+ALSO_REQUIRES = {"torch": TORCH_CP}  # the guard acts through torch's context_parallel
 _UTILS = "transformers.modeling_flash_attention_utils"
 _NAME = "_flash_attention_forward"
 

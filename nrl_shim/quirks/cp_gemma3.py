@@ -3,8 +3,7 @@ the sequence is longer than the window, and torch's CP supports SDPA only withou
 A Gemma-3 forward started inside a CP context raises one clear error before any attention runs.
 """
 
-from . import _versions
-from ._cp_targets import cp_targets
+from . import TORCH_CP, TRANSFORMERS_CP, cp_targets
 
 ID = "cp-gemma3"
 SUMMARY = (
@@ -12,8 +11,8 @@ SUMMARY = (
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = _versions.TRANSFORMERS_CP
-ALSO_REQUIRES = {"torch": _versions.TORCH_CP}  # the guard acts through torch's context_parallel
+VERSIONS = TRANSFORMERS_CP
+ALSO_REQUIRES = {"torch": TORCH_CP}  # the guard acts through torch's context_parallel
 _MODELING = "transformers.models.gemma3.modeling_gemma3"
 _REQUIRED = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _OPTIONAL = ("Gemma3TextModel", "Gemma3Model")  # the bare models (AutoModel, sequence classification heads)

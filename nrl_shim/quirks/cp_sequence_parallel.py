@@ -6,14 +6,13 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 
 import sys
 
-from . import _versions
-from ._cp_targets import cp_targets
+from . import TORCH_CP, cp_targets
 
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/659"
 LIBRARY = "torch"
-VERSIONS = _versions.TORCH_CP
+VERSIONS = TORCH_CP
 _API = "torch.distributed.tensor.parallel.api"
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 

@@ -11,13 +11,13 @@ timeout error.
 import time
 
 from ..settings import Variable, parse_seconds
-from . import _versions
+from . import VLLM
 
 ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
 LIBRARY = "vllm"
-VERSIONS = _versions.VLLM
+VERSIONS = VLLM
 TARGETS = ("vllm.v1.engine.async_llm",)
 SETTINGS = (
     Variable(

@@ -13,13 +13,13 @@ import os
 import sys
 
 from ..settings import Variable, parse_word, parse_words
-from . import _versions
+from . import VLLM
 
 ID = "vllm-eager-recipes"
 SUMMARY = "recipes that converge badly with CUDA graphs (DeepScaleR 1.5B): vLLM enforce_eager=True"
 LINK = "https://github.com/NVIDIA-NeMo/RL/pull/857"
 LIBRARY = "vllm"
-VERSIONS = _versions.VLLM
+VERSIONS = VLLM
 TARGETS = ("vllm.engine.arg_utils",)
 EXPLAIN_FIELDS = ("model_config.enforce_eager",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 EXPLAIN_DERIVED = ("compilation_config.", "kernel_config.")  # what vLLM derives from enforce_eager (graph sizes...)

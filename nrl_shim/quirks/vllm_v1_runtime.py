@@ -11,13 +11,13 @@
 import os
 
 from ..settings import Variable, parse_bool
-from . import _versions
+from . import VLLM
 
 ID = "vllm-v1-runtime"
 SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
-VERSIONS = _versions.VLLM
+VERSIONS = VLLM
 EXPLAIN_ENV = ("VLLM_USE_V1",)  # environment variables this fix sets (for `nrl-shim explain`)
 SETTINGS = (
     Variable(
