@@ -12,7 +12,14 @@ if _os.path.isdir(_VENDOR) and _VENDOR not in _sys.path:
     _sys.path.append(_VENDOR)
 
 from .activation import activate, active_settings, deactivate, is_active
-from .errors import QuirkSkippedError, SettingsError, ShimError, ShimTimeoutError, UnsupportedConfigError
+from .errors import (
+    QuirkSkippedError,
+    RefitIncompleteError,
+    SettingsError,
+    ShimError,
+    ShimTimeoutError,
+    UnsupportedConfigError,
+)
 from .settings import Settings
 
 __version__ = "0.1.0"
@@ -27,6 +34,7 @@ __all__ = [
     "UnsupportedConfigError",
     "QuirkSkippedError",
     "ShimTimeoutError",
+    "RefitIncompleteError",
 ]
 
 from . import activation as _activation  # noqa: E402

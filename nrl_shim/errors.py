@@ -19,3 +19,7 @@ class QuirkSkippedError(ShimError, RuntimeError):
 
 class ShimTimeoutError(ShimError, TimeoutError):
     """An operation the shim bounds (e.g. waiting for an async rollout sample) ran out of time."""
+
+
+class RefitIncompleteError(ShimError, RuntimeError):
+    """Strict mode: a model loaded with dummy weights is about to generate while some of them were never refit."""

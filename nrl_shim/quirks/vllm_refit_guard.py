@@ -1,0 +1,273 @@
+"""Refit guard: a model loaded with load_format="dummy" must not generate from tensors that no refit wrote.
+
+RL frameworks start vLLM with dummy (random) weights and refit it from the trainer. A tensor the refit misses (a
+name vLLM's load_weights skips or maps elsewhere, a layer left out of a bucketed transfer, a persistent buffer such
+as Gemma's `normalizer` on vLLM < 0.9.2) keeps its random values and rollouts silently come from a half-random model.
+vLLM's own check (reload_weights' "weights were not loaded" warning, 0.2x+) sees parameters only and judges each
+call alone, so a refit split over several calls is reported once per bucket.
+
+How: when vLLM's DummyModelLoader returns a model, every floating tensor of its state_dict (the set dummy init
+randomises) is fingerprinted: SAMPLES values at fixed, evenly spaced positions, never a copy. The model's own
+`load_weights` (the call vLLM's in-place reload_weights, NeMo RL and verl all make) is wrapped on the instance; when
+one returns, a one-shot forward pre-hook is registered, so the check runs once at the next generation step, after
+every call of a bucketed refit, and costs nothing per step otherwise. Values are compared, not calls, so a write by
+any route counts, buffers included; a tensor whose sampled values all still equal the dummy ones was written by no
+refit and is reported once. Tensors vLLM replaced or reshaped after loading (a repack) cannot be compared: DEBUG.
+"""
+
+from . import VLLM
+
+ID = "vllm-refit-guard"
+SUMMARY = "Dummy-init models: at the first generation step after a refit, report tensors no refit wrote"
+LINK = "https://github.com/vllm-project/vllm/pull/19788"
+LIBRARY = "vllm"
+VERSIONS = VLLM
+# DummyModelLoader lives in model_loader/loader.py on 0.8.x and in model_loader/dummy_loader.py from 0.9.
+TARGETS = ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader")
+
+SAMPLES = 16  # positions per tensor: a written tensor changes at all of them (dummy values are random floats)
+_SHOWN = 8  # names listed in the warning; all of them at DEBUG
+# Created on first use (start-up stays stdlib-light): models being dummy-loaded -> their samples before dummy init;
+# guarded models, for unpatch.
+_BEFORE_DUMMY = None
+_GUARDS = None
+
+
+def patch(module, settings):
+    from ..patching import wrap
+
+    def load_model_wrapper(wrapped, instance, args, kwargs):
+        model = wrapped(*args, **kwargs)
+        try:
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            watch(model, _model_label(model, vllm_config), settings)
+        except Exception as error:  # the guard must never break a load
+            from .. import report
+
+            report.logger().debug("[%s] not guarding this model: %r", ID, error)
+        return model
+
+    def dummy_init_wrapper(wrapped, instance, args, kwargs):
+        # Samples before dummy init tell which tensors it randomised: vLLM re-derives some right after (attention
+        # scales back to 1.0), and those no refit sends must not be reported.
+        model = kwargs.get("model", args[0] if args else None)
+        try:
+            _before_dummy()[model] = _sample(model)
+        except Exception as error:
+            from .. import report
+
+            report.logger().debug("[%s] not guarding this model: %r", ID, error)
+        return wrapped(*args, **kwargs)
+
+    wrap(module.DummyModelLoader, "load_model", load_model_wrapper, ID)
+    if hasattr(module, "initialize_dummy_weights") and "load_weights" not in vars(module.DummyModelLoader):
+        wrap(module, "initialize_dummy_weights", dummy_init_wrapper, ID)  # 0.8.x: load_model calls it by this name
+    else:
+        wrap(module.DummyModelLoader, "load_weights", dummy_init_wrapper, ID)  # 0.9+: the dummy-init step
+
+
+def unpatch(module):
+    from ..patching import unwrap
+
+    unwrap(module.DummyModelLoader, "load_model", ID)
+    unwrap(module.DummyModelLoader, "load_weights", ID)
+    unwrap(module, "initialize_dummy_weights", ID)
+    for model in list(_GUARDS or ()):
+        guard = getattr(model, "_nrl_shim_refit_guard", None)
+        if guard is not None:
+            guard.stop()
+
+
+def describe(settings, version):
+    return "after a dummy-weight load: at the first generation step after a refit, dummy tensors no refit wrote are " + (
+        "an error (strict)" if settings.strict else "a warning"
+    )
+
+
+def _model_label(model, vllm_config):
+    path = getattr(getattr(vllm_config, "model_config", None), "model", None)
+    return f"{type(model).__name__} ({path})" if path else type(model).__name__
+
+
+def _before_dummy():
+    global _BEFORE_DUMMY
+    if _BEFORE_DUMMY is None:
+        import weakref
+
+        _BEFORE_DUMMY = weakref.WeakKeyDictionary()
+    return _BEFORE_DUMMY
+
+
+def watch(model, label, settings):
+    """Guard `model`, just loaded with dummy weights: check it at the first generation step after each refit."""
+    global _GUARDS
+    import weakref
+
+    before = _before_dummy().pop(model, None)
+    if before is None:
+        from .. import report
+
+        report.logger().debug("[%s] %s: dummy init not seen; cannot tell which tensors it wrote", ID, label)
+        return None
+    if _GUARDS is None:
+        _GUARDS = weakref.WeakSet()
+    guard = _RefitGuard(model, label, settings, before)
+    if guard.fingerprints:
+        _GUARDS.add(model)
+    return guard
+
+
+def _sample(model):
+    """{name: (shape, dtype, positions, values)}: SAMPLES values of every floating tensor in the state_dict (the set
+    dummy init randomises)."""
+    import torch
+
+    samples = {}
+    with torch.no_grad():
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            if torch.is_floating_point(tensor) and tensor.numel() and tensor.device.type != "meta":
+                positions = _positions(tensor)
+                samples[name] = (tensor.shape, tensor.dtype, positions, tensor[positions].clone())
+    return samples
+
+
+class _RefitGuard:
+    def __init__(self, model, label, settings, before):
+        import weakref
+
+        import torch
+
+        self.model_ref = weakref.ref(model)
+        self.label, self.settings, self.hook = label, settings, None
+        after = _sample(model)
+        # Dummy-initialised: changed by the dummy load. Gone or reshaped since (a repack into another layout, e.g. the
+        # CPU backend's linear weights): can't be compared later.
+        self.fingerprints = {
+            name: sample
+            for name, sample in after.items()
+            if name in before
+            and before[name][0] == sample[0]
+            and before[name][1] == sample[1]
+            and not torch.equal(before[name][3], sample[3])
+        }
+        self.total = len(self.fingerprints)
+        from .. import report
+
+        log = report.logger()
+        opaque = sorted(name for name in before if name not in after or before[name][0] != after[name][0])
+        if opaque:
+            log.debug("[%s] %s: cannot guard %s (replaced or reshaped after loading)", ID, label, ", ".join(opaque))
+        if not self.fingerprints:
+            return
+        original = model.load_weights  # bound method of the model's class
+
+        def load_weights(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:  # also after a failed call: what it did write counts, and generation may still follow
+                self.refit_seen()
+
+        load_weights.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
+        load_weights.__doc__ = original.__doc__
+        model.load_weights = load_weights  # on the instance: the class and other models stay untouched
+        model._nrl_shim_refit_guard = self
+        log.debug("[%s] %s loaded with dummy weights: %d tensors guarded", ID, label, self.total)
+
+    def refit_seen(self):
+        model = self.model_ref()
+        if self.hook is None and model is not None and self.fingerprints:
+            self.hook = model.register_forward_pre_hook(self._before_generation)
+
+    def _before_generation(self, module, args):
+        self.hook.remove()
+        self.hook = None
+        self.check(module)
+
+    def check(self, model):
+        """Compare each fingerprint with the model's tensors now; report the unwritten ones (once each)."""
+        import torch
+
+        from .. import report
+
+        log = report.logger()
+        current = model.state_dict(keep_vars=True)
+        unchanged, compared, unknown = [], [], []
+        with torch.no_grad():
+            for name, (shape, dtype, positions, dummy) in self.fingerprints.items():
+                tensor = current.get(name)
+                if tensor is None or tensor.shape != shape or tensor.dtype != dtype or tensor.device != dummy.device:
+                    unknown.append(name)
+                    continue
+                compared.append(name)
+                unchanged.append((tensor[positions] == dummy).sum())
+        counts = torch.stack(unchanged).tolist() if unchanged else []  # one device sync for the whole model
+        unwritten, partly = [], []
+        for name, count in zip(compared, counts):
+            samples = self.fingerprints[name][3].numel()
+            if count == samples:
+                unwritten.append(name)
+            elif count:
+                partly.append(f"{name} ({count}/{samples} sampled values unchanged)")
+            del self.fingerprints[name]  # written or reported: never looked at again
+        for name in unknown:
+            del self.fingerprints[name]
+        if unknown:
+            log.debug(
+                "[%s] %s: cannot tell whether the refit wrote %s (gone or reshaped since loading)",
+                ID,
+                self.label,
+                ", ".join(unknown),
+            )
+        if partly:
+            log.debug("[%s] %s: partly unchanged after the refit (e.g. padding): %s", ID, self.label, ", ".join(partly))
+        if not self.fingerprints:
+            self.stop()
+        if unwritten:
+            self._report(unwritten, current)
+
+    def _report(self, names, current):
+        listed = [f"{name} {tuple(current[name].shape)}" for name in names]
+        shown = ", ".join(listed[:_SHOWN]) + (f" and {len(listed) - _SHOWN} more" if len(listed) > _SHOWN else "")
+        advice = "check that the refit sends these names and that vLLM's load_weights maps them to these tensors"
+        if any(name.endswith("normalizer") for name in names):
+            advice += (
+                "; a Gemma `normalizer` is a buffer no refit sends on vLLM < 0.9.2: load Gemma with "
+                "load_format='auto' (the shim's vllm-gemma-load-format fix, NRL_SHIM_GEMMA_LOAD_FORMAT=always)"
+            )
+        message = (
+            f"[{ID}] {self.label} loaded with dummy weights is about to generate, but {len(names)} of its "
+            f"{self.total} dummy-initialised tensors were written by no refit (they still hold random values): "
+            f"{shown}. Rollouts would come from a partly random model; {advice}. See {LINK}"
+        )
+        from .. import report
+
+        if len(listed) > _SHOWN:
+            report.logger().debug("[%s] all unwritten tensors of %s: %s", ID, self.label, ", ".join(listed))
+        if self.settings.strict:
+            from ..errors import RefitIncompleteError
+
+            raise RefitIncompleteError(message + f" (NRL_SHIM_STRICT=1; NRL_SHIM_DISABLE={ID} turns the guard off)")
+        report.logger().warning("%s", message)
+
+    def stop(self):
+        """Nothing left to guard (or deactivated): the model gets its own load_weights back, no hook stays."""
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        self.fingerprints = {}
+        model = self.model_ref()
+        if model is not None:
+            vars(model).pop("load_weights", None)
+            vars(model).pop("_nrl_shim_refit_guard", None)
+
+
+def _positions(tensor):
+    """SAMPLES evenly spaced positions (as an index tuple) over `tensor`, ends included."""
+    import torch
+
+    numel = tensor.numel()
+    count = min(numel, SAMPLES)
+    flat = torch.linspace(0, numel - 1, count, dtype=torch.float64).round().long()
+    if tensor.dim() == 0:
+        return ()  # tensor[()] is the one value
+    return tuple(index.to(tensor.device) for index in torch.unravel_index(flat, tensor.shape))
