@@ -13,7 +13,7 @@ from nrl_shim.explain.tiny_configs import CONFIGS
 INIT_STD = 0.3
 
 
-def write_model(directory: str, kind: str, seed: int = 0) -> str:
+def write_model(directory: str, kind: str, seed: int = 0, tie_word_embeddings: bool = False) -> str:
     """A checkpoint of CONFIGS[kind] (a *ForCausalLM) in `directory`; returns it. Reuses one already written."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -22,7 +22,9 @@ def write_model(directory: str, kind: str, seed: int = 0) -> str:
     if os.path.isfile(os.path.join(directory, "model.safetensors")):
         return directory
     os.makedirs(directory, exist_ok=True)
-    config = dict(CONFIGS[kind], initializer_range=INIT_STD, torch_dtype="float32", tie_word_embeddings=False)
+    config = dict(
+        CONFIGS[kind], initializer_range=INIT_STD, torch_dtype="float32", tie_word_embeddings=tie_word_embeddings
+    )
     if "sliding_window" in config:
         config["sliding_window"] = 64  # longer than any test sequence; transformers 5 can't run with None
     with open(os.path.join(directory, "config.json"), "w") as f:

@@ -79,8 +79,9 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    return "after a dummy-weight load: at the first generation step after a refit, dummy tensors no refit wrote are " + (
-        "an error (strict)" if settings.strict else "a warning"
+    return (
+        "after a dummy-weight load: at the first generation step after a refit, dummy tensors no refit wrote are "
+        + ("an error (strict)" if settings.strict else "a warning")
     )
 
 
@@ -167,7 +168,7 @@ class _RefitGuard:
             finally:  # also after a failed call: what it did write counts, and generation may still follow
                 self.refit_seen()
 
-        load_weights.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature follows it
+        load_weights.__wrapped__ = original  # inspect.signature follows it
         load_weights.__doc__ = original.__doc__
         model.load_weights = load_weights  # on the instance: the class and other models stay untouched
         model._nrl_shim_refit_guard = self
