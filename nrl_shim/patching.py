@@ -99,7 +99,11 @@ def wrap(owner: Any, name: str, wrapper: Wrapper, quirk_id: str) -> None:
     if layer is not None:
         layer.wrapper, layer.enabled = wrapper, True  # re-activation: the new settings' wrapper takes over
         return
+    inherited = isinstance(owner, type) and name not in vars(owner)
     shim = wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),), {})
+    # A method a subclass inherits (DummyModelLoader.load_model): our layer sits on the subclass only, and unwrap
+    # deletes it again rather than leaving a copy of the base's function behind.
+    shim._self_inherited = inherited
     if isinstance(owner, types.ModuleType):
         shim._self_home = owner.__name__  # where this wrapper lives, for pickling re-exported names
 
@@ -117,7 +121,10 @@ def unwrap(owner: Any, name: str, quirk_id: str) -> None:
         return
     layer.enabled = False  # also for copies bound elsewhere (`from m import f` taken while we were on)
     if getattr(top, "_self_wrapper", None) is layer:
-        setattr(owner, name, top.__wrapped__)
+        if getattr(top, "_self_inherited", False):
+            delattr(owner, name)
+        else:
+            setattr(owner, name, top.__wrapped__)
     else:
         layer.enabled = False
 

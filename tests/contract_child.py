@@ -87,7 +87,8 @@ def main():
     out["wrapped"] = {}
     for key, (owner, name, _obj) in found.items():
         label = f"{owner.__name__}.{name}"
-        original = originals[key][2]
+        # Not among the owner's own attributes: a method the class inherits, wrapped on the subclass only.
+        original = originals[key][2] if key in originals else getattr(owner.__mro__[1], name)
         entry = {"layers": layers(getattr(owner, name), quirk_id)}
         if callable(inspect.unwrap(original)) and not isinstance(original, (classmethod, staticmethod)):
             try:
@@ -97,7 +98,10 @@ def main():
             entry["pickles"] = pickles(getattr(owner, name))
         out["wrapped"][label] = entry
     activation.deactivate()
-    out["restored"] = {f"{o.__name__}.{n}": vars(o).get(n) is originals[k][2] for k, (o, n, _) in found.items()}
+    out["restored"] = {  # an inherited method is inherited again (no attribute of ours left on the subclass)
+        f"{o.__name__}.{n}": vars(o).get(n) is (originals[k][2] if k in originals else None)
+        for k, (o, n, _) in found.items()
+    }
 
     # Another tool wrapped the same attributes first: ours goes over theirs, and leaving keeps theirs.
     def other_tool(wrapped, instance, args, kwargs):
