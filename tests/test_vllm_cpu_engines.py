@@ -130,3 +130,31 @@ def test_readme_main_job_command(tmp_path):
     assert "engine load_format: auto" in proc.stdout
     assert "verdict: OK - the rollout engine generates with the policy's real weights" in proc.stdout
     assert "[vllm-gemma-load-format] vllm load_format for gemma3_text model" in proc.stderr
+
+
+def run_grpo_tiny(tmp_path, shim):
+    # The main-job demo as a user types it: `nrl-shim run -- python examples/grpo_tiny.py`, or plain python.
+    example = os.path.join(os.path.dirname(HERE), "examples", "grpo_tiny.py")
+    command = [sys.executable, example, "--json", str(tmp_path / "steps.json")]
+    if shim:
+        command = [os.path.join(os.path.dirname(sys.executable), "nrl-shim"), "run", "--", *command]
+    proc = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    steps = json.loads((tmp_path / "steps.json").read_text())["steps"] if (tmp_path / "steps.json").exists() else []
+    return proc, [s["token_mult_prob_error"] for s in steps]
+
+
+def test_grpo_main_job_under_the_shim_matches_from_step_0(tmp_path):
+    proc, errors = run_grpo_tiny(tmp_path, shim=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert "VERDICT: OK — vLLM's logprobs match the policy at every step" in proc.stdout
+    assert "[vllm-gemma-load-format] vllm load_format for gemma3_text model" in proc.stderr
+    assert len(errors) == 4 and max(errors) < 1.05, errors
+
+
+def test_grpo_main_job_without_the_shim_mismatches_at_step_0(tmp_path):
+    proc, errors = run_grpo_tiny(tmp_path, shim=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert "VERDICT: MISMATCH — step 0 token_mult_prob_error" in proc.stdout
+    assert "vllm-gemma-load-format" not in proc.stderr
+    # Rollouts from dummy weights at step 0; after the refit at the end of step 0 the engine has the policy's weights.
+    assert len(errors) == 4 and errors[0] > 1.05 and max(errors[1:]) < 1.05, errors
