@@ -1,5 +1,6 @@
 """Shared test helpers. Most tests run their scenario in a fresh interpreter (as ddtrace's patch tests do), so that
-activation, import order and start-up hooks are exercised for real and no test leaks patches into another."""
+activation, import order and start-up hooks are exercised for real and no test leaks patches into another. The scenario
+is a child program, tests/children/<name>.py, run with run_child(name, *args) / run_child_json(...)."""
 
 import json
 import os
@@ -25,16 +26,19 @@ def child_env(extra=None, clear_nrl=True):
     return env
 
 
-def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
-    """Run `code` in a fresh interpreter; return CompletedProcess (text). `env` is added to child_env()."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-    )
+CHILDREN_DIR = Path(__file__).resolve().parent / "children"
+
+
+def child_path(name):
+    """The file of child program `name`: tests/children/<name>.py."""
+    path = CHILDREN_DIR / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no child program {name!r}: {path} does not exist")
+    return str(path)
+
+
+def _run(argv, env, timeout, check, cwd):
+    proc = subprocess.run(argv, env=child_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"child failed (rc={proc.returncode})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
@@ -42,10 +46,31 @@ def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
     return proc
 
 
+def _last_json(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
+    """Run `code` in a fresh interpreter; return CompletedProcess (text). `env` is added to child_env()."""
+    return _run([sys.executable, "-c", textwrap.dedent(code), *args], env, timeout, check, cwd)
+
+
 def run_json(code, env=None, **kw):
     """Run `code`, which must print one JSON document as its last stdout line; return it parsed."""
     proc = run_python(code, env=env, **kw)
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+    return _last_json(proc), proc
+
+
+def run_child(name, *args, env=None, flags=(), timeout=300, check=True, cwd=None):
+    """Run the child program tests/children/<name>.py with `args` in a fresh interpreter (`flags`, e.g. ("-S",), go
+    before the file); return CompletedProcess (text). `env` is added to child_env(). Same checks as run_python."""
+    return _run([sys.executable, *flags, child_path(name), *args], env, timeout, check, cwd)
+
+
+def run_child_json(name, *args, env=None, **kw):
+    """run_child for a child that prints one JSON document as its last stdout line; return (it parsed, process)."""
+    proc = run_child(name, *args, env=env, **kw)
+    return _last_json(proc), proc
 
 
 @pytest.fixture
@@ -54,9 +79,12 @@ def python_child():
 
 
 # The fast loop (`nox -s unit`) runs without vLLM, torch, transformers or Ray. A test whose own code imports one of them
-# (often in the child code it runs) is skipped there, naming the library, instead of failing.
+# (often in the child program it runs) is skipped there, naming the library, instead of failing. A test's code is its
+# source plus the child programs it names (a string literal that names a file in tests/children, as in
+# run_child("activation_reload", ...)), plus the files of tests/children those import or name in turn.
 _LIBRARIES = ("vllm", "torch", "transformers", "ray")
 _IMPORT_LINES = re.compile(r"\bimport\s+([\w., ]+)|\bfrom\s+(\w+)")
+_STRING_NAMES = re.compile(r"""["'](\w+)(?:\.py)?["']""")
 
 
 def _imported(source):
@@ -65,6 +93,24 @@ def _imported(source):
         names.update(part.strip().split(".")[0] for part in plain.split(",") if part.strip())
         names.add(package)
     return names
+
+
+def _children_imported(names, seen):
+    """What the child programs among `names` import, and the tests/children files they import or name in turn."""
+    found = set()
+    for name in names:
+        path = CHILDREN_DIR / f"{name}.py"
+        if name in seen or not path.is_file():
+            continue
+        seen.add(name)
+        source = path.read_text()
+        imported = _imported(source)
+        found |= imported | _children_imported(imported | set(_STRING_NAMES.findall(source)), seen)
+    return found
+
+
+def _code_imports(source):
+    return _imported(source) | _children_imported(_STRING_NAMES.findall(source), set())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,6 +126,6 @@ def pytest_collection_modifyitems(config, items):
             source = inspect.getsource(function) if function else ""
         except (OSError, TypeError):
             continue
-        needed = sorted(_imported(source) & missing)
+        needed = sorted(_code_imports(source) & missing)
         if needed:
             item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(needed)}, not installed here"))
