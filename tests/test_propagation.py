@@ -7,66 +7,28 @@ import sys
 
 import pytest
 
-from conftest import child_env, run_json
+from conftest import child_env, child_path, run_child, run_child_json
 
 pytest.importorskip("ray", reason="needs ray, not installed here (every scenario here reports through Ray)")
 
-# What a process reports about itself: shim active, and the real Ray function patched once imported.
-REPORT = """
-def report():
-    import os, sys
-    import ray._private.worker as w
-    from nrl_shim.patching import is_wrapped
-    shim = sys.modules.get("nrl_shim")
-    return [os.environ.get("NRL_SHIM"), bool(shim and shim.is_active()), is_wrapped(w, "init", "ray-propagate-env")]
-"""
+# Each child reports on itself with children/propagation_report.py: shim active, and the real Ray function patched.
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
-def test_multiprocessing_children(method, tmp_path):
-    # A script file, not -c: spawn/forkserver children re-import the parent's __main__ to find `report`.
-    script = tmp_path / "job.py"
-    script.write_text(
-        REPORT
-        + f"""
-import json, multiprocessing as mp
-import nrl_shim          # explicit import in the parent only; NRL_SHIM was not set
-if __name__ == "__main__":
-    with mp.get_context("{method}").Pool(1) as pool:
-        print(json.dumps(pool.apply_async(report).get(timeout=120)))
-"""
-    )
-    proc = subprocess.run([sys.executable, str(script)], env=child_env(), capture_output=True, text=True, timeout=240)
+def test_multiprocessing_children(method):
+    # A script file, not -c: spawn/forkserver children re-import the parent's __main__.
+    proc = run_child("propagation_multiprocessing", method, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == '["1", true, true]'
 
 
 def test_subprocess_python_child():
-    out, _ = run_json(f"""
-import json, subprocess, sys
-import nrl_shim
-code = {REPORT!r} + "\\nimport json; print(json.dumps(report()))"
-print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
-""")
+    out, _ = run_child_json("propagation_subprocess")
     assert out == ["1", True, True]
 
 
 def test_ray_actor_on_local_cluster():
-    out, _ = run_json(
-        REPORT
-        + """
-import json, ray
-import nrl_shim
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
-@ray.remote
-class Probe:
-    def report(self):
-        return report()
-print(json.dumps(ray.get(Probe.remote().report.remote())))
-ray.shutdown()
-""",
-        timeout=300,
-    )
+    out, _ = run_child_json("propagation_ray_local", timeout=300)
     assert out == ["1", True, True]
 
 
@@ -75,19 +37,9 @@ def test_ray_cluster_started_separately_gets_env_via_runtime_env():
     from ray_cluster import SeparateCluster
 
     with SeparateCluster(num_cpus=1) as cluster:
-        out, proc = run_json(
-            REPORT
-            + f"""
-import json, ray
-ray.init(address="{cluster.address}", log_to_driver=False, runtime_env={{"env_vars": {{"USER_VAR": "kept"}}}})
-@ray.remote
-class Probe:
-    def report(self):
-        import os
-        return report() + [os.environ.get("USER_VAR"), os.environ.get("NRL_VLLM_ASYNC_TIMEOUT_SECONDS")]
-print(json.dumps(ray.get(Probe.remote().report.remote())))
-ray.shutdown()
-""",
+        out, proc = run_child_json(
+            "propagation_ray_separate_cluster",
+            cluster.address,
             env={"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "1200", "RAY_AUTH_MODE": "disabled"},
             timeout=300,
         )
@@ -100,9 +52,8 @@ def _nrl_shim_cli():
 
 
 def test_launcher_runs_command_with_shim_and_returns_its_exit_code():
-    code = REPORT + "import json, sys; print(json.dumps(report())); sys.exit(7)"
     proc = subprocess.run(
-        [*_nrl_shim_cli(), "run", "--", sys.executable, "-c", code],
+        [*_nrl_shim_cli(), "run", "--", sys.executable, child_path("propagation_report"), "7"],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -114,7 +65,7 @@ def test_launcher_runs_command_with_shim_and_returns_its_exit_code():
 
 def test_launcher_rejects_bad_settings_with_one_message():
     proc = subprocess.run(
-        [*_nrl_shim_cli(), "run", "--", sys.executable, "-c", "print('ran')"],
+        [*_nrl_shim_cli(), "run", "--", sys.executable, child_path("user_program")],
         env=child_env({"NRL_VLLM_USE_V1": "maybe"}),
         capture_output=True,
         text=True,
