@@ -9,7 +9,7 @@ import pytest
 
 import nrl_shim
 
-from conftest import SOURCE_ROOT, child_env, run_python
+from conftest import SOURCE_ROOT, child_env, run_child
 
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
 
@@ -78,8 +78,10 @@ def test_explain_without_vllm_says_what_to_install(tmp_path):
 
 
 def test_debug_line_says_active_before_any_target(tmp_path):
-    proc = run_python(
-        "pass", env={"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", "NRL_SHIM_DISABLE": "cp-gemma3"}, cwd=tmp_path
+    proc = run_child(
+        "startup_logging_imported",
+        env={"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", "NRL_SHIM_DISABLE": "cp-gemma3"},
+        cwd=tmp_path,
     )
     lines = [line for line in proc.stderr.splitlines() if line.startswith("nrl_shim DEBUG: active:")]
     assert len(lines) == 1, proc.stderr
@@ -87,5 +89,5 @@ def test_debug_line_says_active_before_any_target(tmp_path):
     assert "activated by NRL_SHIM=1 at interpreter start-up (nrl_shim.pth)" in lines[0]
     assert "fixes enabled: vllm-gemma-load-format," in lines[0] and "cp-gemma3" not in lines[0]
     # At INFO (the default) start-up stays silent and logging is not even imported.
-    proc = run_python("import sys; print('logging' in sys.modules)", env={"NRL_SHIM": "1"}, cwd=tmp_path)
+    proc = run_child("startup_logging_imported", env={"NRL_SHIM": "1"}, cwd=tmp_path)
     assert proc.stderr == "" and proc.stdout.strip() == "False"

@@ -10,7 +10,7 @@ import pytest
 
 from nrl_shim import explain
 
-from conftest import run_python
+from conftest import run_child
 from vllm_helpers import cpu_has_v1, has_v1_variable, requires_vllm
 
 _demo_cache = {}
@@ -18,11 +18,7 @@ _demo_cache = {}
 
 def _demo():
     if "out" not in _demo_cache:
-        proc = run_python(
-            "import sys; from nrl_shim.cli import main; sys.exit(main(sys.argv[1:]))",
-            args=("explain", "--demo", "--json"),
-            timeout=900,
-        )
+        proc = run_child("cli_main", "explain", "--demo", "--json", timeout=900)
         _demo_cache["out"] = json.loads(proc.stdout.strip().splitlines()[-1])
     return _demo_cache["out"]
 

@@ -10,7 +10,7 @@ from packaging.version import Version
 from nrl_shim.quirks import vllm_eager_recipes as quirk
 from nrl_shim.registry import load_settings
 
-from conftest import run_json
+from conftest import run_child_json
 from vllm_helpers import VLLM_VERSION, build, cpu_env, model_dirs, requires_vllm
 
 FLAGGED = [
@@ -75,17 +75,7 @@ def test_entry_point_group_adds_patterns(tmp_path):
         f"[{quirk.ENTRY_POINT_GROUP}]\none = myplugin:ONE\nmany = myplugin:MANY\nreasons = myplugin:REASONS\n"
         "broken = myplugin:MISSING\n"
     )
-    out, proc = run_json(
-        f"""
-        import json, sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        from nrl_shim.quirks import vllm_eager_recipes as q
-        from nrl_shim.registry import load_settings
-        s = load_settings({{}})
-        print(json.dumps({{r: q.eager_reason(r, s) for r in ["team-a-x", "team-b-2", "team-c-y", "team-d", FLAGGED]}}))
-    """.replace("FLAGGED", repr(FLAGGED[0])),
-        env={"NRL_SHIM": "0"},
-    )
+    out, proc = run_child_json("eager_recipes_entry_points", str(tmp_path), FLAGGED[0], env={"NRL_SHIM": "0"})
     assert out == {
         "team-a-x": "entry point one",
         "team-b-2": "entry point many",
@@ -98,28 +88,23 @@ def test_entry_point_group_adds_patterns(tmp_path):
 
 def test_detected_recipe_is_exported_to_children(tmp_path):
     # The driver's --config becomes NRL_SHIM_RECIPE, so subprocesses (and Ray workers, see ray-propagate-env) see it.
-    code = """
-        import json, os, subprocess, sys
-        import nrl_shim
-        child = subprocess.run([sys.executable, "-c",
-            "import json, os, nrl_shim; print(json.dumps([os.environ.get('NRL_SHIM_RECIPE'), nrl_shim.active_settings().recipe]))"],
-            capture_output=True, text=True, check=True)
-        exported = os.environ.get("NRL_SHIM_RECIPE")
-        nrl_shim.deactivate()
-        print(json.dumps({"exported": exported, "child": json.loads(child.stdout), "after_deactivate": os.environ.get("NRL_SHIM_RECIPE")}))
-    """
-    out, _ = run_json(code, env={"NRL_SHIM": "1"}, args=("--config", "x/y/grpo-deepscaler-1.5b-16K.yaml", "a.b=1"))
+    out, _ = run_child_json(
+        "eager_recipes_exported", "--config", "x/y/grpo-deepscaler-1.5b-16K.yaml", "a.b=1", env={"NRL_SHIM": "1"}
+    )
     assert out == {
         "exported": "grpo-deepscaler-1.5b-16K",
         "child": ["grpo-deepscaler-1.5b-16K"] * 2,
         "after_deactivate": None,
     }
     # The user's NRL_SHIM_RECIPE wins over the command line; a name children could not parse is not exported.
-    out, _ = run_json(
-        code, env={"NRL_SHIM": "1", "NRL_SHIM_RECIPE": "mine"}, args=("--config", "grpo-deepscaler-1.5b-8K.yaml")
+    out, _ = run_child_json(
+        "eager_recipes_exported",
+        "--config",
+        "grpo-deepscaler-1.5b-8K.yaml",
+        env={"NRL_SHIM": "1", "NRL_SHIM_RECIPE": "mine"},
     )
     assert out["exported"] == "mine" and out["child"] == ["mine", "mine"]
-    out, _ = run_json(code, env={"NRL_SHIM": "1"}, args=("--config", "dir/my recipe.yaml"))
+    out, _ = run_child_json("eager_recipes_exported", "--config", "dir/my recipe.yaml", env={"NRL_SHIM": "1"})
     assert out == {"exported": None, "child": [None, None], "after_deactivate": None}
 
 
