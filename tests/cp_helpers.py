@@ -1,7 +1,8 @@
 """Helpers for the context-parallel tests: real gloo process groups on CPU, one fresh interpreter per rank.
 
-Parent side (pytest): run_ranks(code, world_size) starts `world_size` interpreters running `code` (like torchrun),
-each rank prints one JSON document; the list of them is returned. Rank side (inside `code`): `from cp_helpers import *`.
+Parent side (pytest): run_ranks(child, world_size) starts `world_size` interpreters running the child program
+tests/children/<child>.py (like torchrun), each rank prints one JSON document; the list of them is returned. Rank side
+(in the child program): `from cp_helpers import init, ...` (run_ranks puts tests/ on the ranks' PYTHONPATH).
 """
 
 import json
@@ -9,7 +10,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import traceback
 from pathlib import Path
 
@@ -17,8 +17,8 @@ TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
 # --------------------------------------------------------------------------------------------------- parent side
-def run_ranks(code, world_size, env=None, timeout=300):
-    from conftest import child_env
+def run_ranks(child, world_size, env=None, timeout=300):
+    from conftest import child_env, child_path
 
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
@@ -34,7 +34,7 @@ def run_ranks(code, world_size, env=None, timeout=300):
             proc_env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR, proc_env["PYTHONPATH"]])
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", textwrap.dedent(code)],
+                    [sys.executable, child_path(child)],
                     env=proc_env,
                     text=True,
                     stdout=subprocess.PIPE,
@@ -199,9 +199,9 @@ def phases(run_case_set):
     return results
 
 
-def run(code, world_size, phases_, start_disabled=""):
+def run(child, world_size, phases_, start_disabled=""):
     """Parent side: run_ranks with the phases list; the process starts with NRL_SHIM_DISABLE=start_disabled."""
-    return run_ranks(code, world_size, env={"CP_TEST_PHASES": json.dumps(phases_), "NRL_SHIM_DISABLE": start_disabled})
+    return run_ranks(child, world_size, env={"CP_TEST_PHASES": json.dumps(phases_), "NRL_SHIM_DISABLE": start_disabled})
 
 
 # Errors torch itself raises for SDPA under CP on CPU (no CP handler for the CPU kernels): the spec's "sharding

@@ -3,77 +3,20 @@ the shim's error; outside CP, and with the quirk disabled, torch behaves as it d
 
 import pytest
 
-from cp_helpers import TESTS_DIR, TORCH_CPU_CP_ERRORS, is_torch_error, run
+from cp_helpers import TORCH_CPU_CP_ERRORS, is_torch_error, run
 
 pytest.importorskip("torch", reason="needs torch, not installed here")
 
 ID = "cp-attention-mask"
 
-CODE = """
-import nrl_shim
-from cp_helpers import *
-import torch
-import torch.nn.functional as F
-import torch.distributed.tensor.experimental as experimental
-
-
-rank, ws, mesh = init()
-torch.manual_seed(0)
-S = 16
-
-def inside_cp(fn):
-    ids = torch.arange(S).view(1, S)
-    with context_parallel(mesh, ids):
-        q = torch.randn(1, 4, S // ws, 8)
-        return fn(q)
-
-def outside_with_mask():
-    q = torch.randn(1, 4, S, 8)
-    mask = torch.ones(S, S, dtype=torch.bool).tril()
-    out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
-    return torch.equal(out, torch._C._nn.scaled_dot_product_attention(q, q, q, attn_mask=mask))
-
-def buffers_restored():
-    ids = torch.arange(S).view(1, S)
-    try:
-        with context_parallel(mesh, ids):
-            F.scaled_dot_product_attention(*[torch.randn(1, 4, S // ws, 8)] * 3, attn_mask=torch.ones(S, S).bool())
-    except Exception:
-        pass
-    return torch.equal(ids, torch.arange(S).view(1, S))
-
-def cases():
-    guarded = nrl_shim.active_settings().is_enabled("cp-attention-mask")
-    return {
-        "mask_2d": outcome(lambda: inside_cp(lambda q: F.scaled_dot_product_attention(
-            q, q, q, attn_mask=torch.ones(S, S, dtype=torch.bool)))),
-        # Unguarded, torch may run these through DTensor's CPU fallback, which takes minutes: guarded phase only.
-        **({} if not guarded else {"mask_4d_kw": outcome(lambda: inside_cp(lambda q: F.scaled_dot_product_attention(
-            q, q, q, attn_mask=torch.ones(1, 1, S, S, dtype=torch.bool).tril()))),
-        "mask_positional": outcome(lambda: inside_cp(lambda q: F.scaled_dot_product_attention(
-            q, q, q, torch.zeros(1, 1, S // ws, S // ws))))}),
-        "no_mask": outcome(lambda: inside_cp(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True))),
-        "outside": outcome(outside_with_mask),
-        "buffers_restored": outcome(buffers_restored),
-        "sdpa_restored": sdpa_is_torchs(),
-        "cp_wrapped": cp_wrapped(),
-    }
-
-results = phases(cases)
-nrl_shim.deactivate()
-results["after_deactivate"] = {
-    "sdpa_restored": sdpa_is_torchs(),
-    "cp_wrapped": cp_wrapped(),
-}
-finish(results)
-"""
+CHILD = "cp_attention_mask"  # tests/children/cp_attention_mask.py: one rank
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["ws1", "ws2"])
 def ranks(request):
     # ws1 starts with the quirk disabled (fresh interpreter), then enables it; ws2 goes the other way round.
     order = [ID, ""] if request.param == 1 else ["", ID]
-    return request.param, run(CODE, request.param, order, start_disabled=order[0])
+    return request.param, run(CHILD, request.param, order, start_disabled=order[0])
 
 
 def test_mask_raises_shim_error_inside_cp(ranks):
@@ -99,7 +42,7 @@ def test_mask_without_quirk_is_torchs_own_error(ranks):
     for rank in results:
         off = rank[ID]
         assert is_torch_error(off["mask_2d"], "Sharding dim 2 greater than tensor ndim 2"), off["mask_2d"]
-        assert "mask_4d_kw" not in off  # see CODE: too slow to let torch run
+        assert "mask_4d_kw" not in off  # see the child: too slow to let torch run
 
 
 def test_no_mask_goes_through_unchanged(ranks):
@@ -127,22 +70,9 @@ def test_nothing_changes_outside_cp_and_everything_is_restored(ranks):
 def test_import_order_and_no_extra_imports(order):
     # torch's CP modules imported before or after activation: the real implementation gets the shared wrapper and the
     # public name points at it; patching the torch side imports nothing from transformers.
-    from conftest import run_json
+    from conftest import run_child_json
 
-    first, second = (
-        ("import nrl_shim", "import torch.distributed.tensor.experimental")
-        if order == "shim_first"
-        else ("import torch.distributed.tensor.experimental", "import nrl_shim")
-    )
-    out, _ = run_json(f"""
-{first}
-{second}
-import json, sys
-sys.path.insert(0, {TESTS_DIR!r})
-from cp_helpers import cp_wrapped
-patched = sorted({{quirk for quirk, _module in nrl_shim.activation.patched() if quirk.startswith("cp-")}})
-print(json.dumps([cp_wrapped(), patched, "transformers" in sys.modules]))
-""")
+    out, _ = run_child_json("cp_import_order", order)
     assert out == [
         [True, True],
         ["cp-attention-mask", "cp-flash-attention", "cp-gemma3", "cp-sequence-parallel"],

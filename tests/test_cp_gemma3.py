@@ -11,63 +11,13 @@ pytest.importorskip("torch", reason="needs torch, not installed here")
 ID = "cp-gemma3"
 BOTH = "cp-gemma3,cp-attention-mask"
 
-CODE = """
-import nrl_shim
-from cp_helpers import *
-import functools
-import torch
-
-
-rank, ws, mesh = init()
-WINDOW = 4
-gemma, llama = tiny_gemma3(sliding_window=WINDOW), tiny_llama()
-
-def forward(model, seq, cp=True):
-    ids = torch.arange(seq).view(1, seq) % 100
-    if not cp:
-        return model(input_ids=ids).logits
-    with context_parallel(mesh, ids):
-        return model(input_ids=ids).logits
-
-def attention_calls(fn):
-    # How many times SDPA was reached (the guard must fire before any attention runs).
-    calls = []
-    original = torch.nn.functional.scaled_dot_product_attention
-    @functools.wraps(original)  # CP re-installs F.<__name__>: keep the name
-    def counting(*a, **k):
-        calls.append(1)
-        return original(*a, **k)
-    import transformers.integrations.sdpa_attention as sdpa_module
-    sdpa_module.torch.nn.functional.scaled_dot_product_attention = counting
-    try:
-        return {"outcome": outcome(fn), "sdpa_calls": len(calls)}
-    finally:
-        sdpa_module.torch.nn.functional.scaled_dot_product_attention = original
-
-def cases():
-    settings = nrl_shim.active_settings()
-    results = {
-        # Longer than the window: the sliding layers pass a mask. Shorter: they pass none (local length under CP).
-        "gemma_short": attention_calls(lambda: forward(gemma, 2 * ws)),
-        "llama": outcome(lambda: forward(llama, 16)),
-        "gemma_outside": outcome(lambda: forward(gemma, 16, cp=False)),
-    }
-    if settings.is_enabled("cp-attention-mask"):  # unguarded, torch's masked DTensor CPU fallback takes minutes
-        results["gemma_long"] = outcome(lambda: forward(gemma, 16))
-    if settings.is_enabled("cp-gemma3"):
-        results["gemma_long_counted"] = attention_calls(lambda: forward(gemma, 16))
-        results["conditional_generation"] = outcome(lambda: forward(tiny_gemma3_multimodal(), 16))
-    results["sdpa_restored"] = sdpa_is_torchs()
-    return results
-
-finish(phases(cases))
-"""
+CHILD = "cp_gemma3"  # tests/children/cp_gemma3.py: one rank
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["ws1", "ws2"])
 def ranks(request):
     order = [ID, "", BOTH] if request.param == 1 else ["", ID, BOTH]
-    return run(CODE, request.param, order, start_disabled=order[0])
+    return run(CHILD, request.param, order, start_disabled=order[0])
 
 
 def assert_gemma_error(out, cls="Gemma3ForCausalLM"):

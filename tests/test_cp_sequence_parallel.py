@@ -13,55 +13,13 @@ S = 16
 
 ID = "cp-sequence-parallel"
 
-CODE = """
-import gc
-import nrl_shim
-from cp_helpers import *
-import torch
-from torch import nn
-import torch.distributed.tensor.parallel as tp
-from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel
-
-parallelize_module = lambda *a: tp.parallelize_module(*a)  # looked up at each call: the shim is re-activated between phases
-
-rank, ws, mesh = init()
-S = 16
-
-def sharded_inside_cp(fn=lambda: None):
-    ids = torch.arange(S).view(1, S)
-    seen = []
-    try:
-        with context_parallel(mesh, ids):
-            seen.append(list(ids.shape))
-            fn()
-    finally:
-        seen.append(torch.equal(ids, torch.arange(S).view(1, S)))  # buffers restored (or never sharded)
-    return seen
-
-def cases():
-    results = {}
-    block = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
-    results["tp_only_then_cp"] = outcome(lambda: (parallelize_module(block, mesh, {"0": ColwiseParallel()}),
-                                                  sharded_inside_cp())[1])
-    parallelize_module(block, mesh, {"1": SequenceParallel()})
-    results["sp_then_cp"] = outcome(sharded_inside_cp)
-    del block
-    gc.collect()
-    results["sp_module_gone_then_cp"] = outcome(sharded_inside_cp)
-    results["cp_then_sp"] = outcome(lambda: sharded_inside_cp(
-        lambda: parallelize_module(nn.LayerNorm(8), mesh, SequenceParallel())))
-    results["sdpa_restored"] = sdpa_is_torchs()
-    gc.collect()
-    return results
-
-finish(phases(cases))
-"""
+CHILD = "cp_sequence_parallel"  # tests/children/cp_sequence_parallel.py: one rank
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["ws1", "ws2"])
 def ranks(request):
     order = [ID, ""] if request.param == 1 else ["", ID]
-    return request.param, run(CODE, request.param, order, start_disabled=order[0])
+    return request.param, run(CHILD, request.param, order, start_disabled=order[0])
 
 
 def test_cp_after_sequence_parallel_raises_before_sharding(ranks):
