@@ -25,7 +25,7 @@ VERSIONS = VLLM
 # DummyModelLoader lives in model_loader/loader.py on 0.8.x and in model_loader/dummy_loader.py from 0.9.
 TARGETS = ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader")
 
-SAMPLES = 16  # positions per tensor: a written tensor changes at all of them (dummy values are random floats)
+SAMPLES = 8  # positions per tensor: a written tensor changes at all of them (dummy values are random floats)
 _SHOWN = 8  # names listed in the warning; all of them at DEBUG
 # Created on first use (start-up stays stdlib-light): models being dummy-loaded -> their samples before dummy init;
 # guarded models, for unpatch.
@@ -119,17 +119,28 @@ def watch(model, label, settings):
 
 
 def _sample(model):
-    """{name: (shape, dtype, positions, values)}: SAMPLES values of every floating tensor in the state_dict (the set
-    dummy init randomises)."""
+    """{name: (shape, dtype, step, values)}: SAMPLES values of every floating tensor in the state_dict (the set dummy
+    init randomises), evenly spaced over its elements."""
     import torch
 
     samples = {}
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
             if torch.is_floating_point(tensor) and tensor.numel() and tensor.device.type != "meta":
-                positions = _positions(tensor)
-                samples[name] = (tensor.shape, tensor.dtype, positions, tensor[positions].clone())
+                numel = tensor.numel()
+                step = max(1, (numel - 1) // (SAMPLES - 1)) if numel > 1 else 1
+                samples[name] = (tensor.shape, tensor.dtype, step, _values(tensor, step).clone())
     return samples
+
+
+def _values(tensor, step):
+    """The sampled elements of `tensor` as a view (no kernel, no copy): cat() of all of them is one gather."""
+    import torch
+
+    count = min(tensor.numel(), SAMPLES)
+    if tensor.is_contiguous():
+        return tensor.as_strided((count,), (step,))
+    return torch.take(tensor, torch.arange(count, device=tensor.device) * step)
 
 
 class _RefitGuard:
@@ -139,7 +150,7 @@ class _RefitGuard:
         import torch
 
         self.model_ref = weakref.ref(model)
-        self.label, self.settings, self.hook = label, settings, None
+        self.label, self.settings, self.hook, self.own_load_weights = label, settings, None, None
         after = _sample(model)
         # Dummy-initialised: changed by the dummy load. Gone or reshaped since (a repack into another layout, e.g. the
         # CPU backend's linear weights): can't be compared later.
@@ -152,6 +163,13 @@ class _RefitGuard:
             and not torch.equal(before[name][3], sample[3])
         }
         self.total = len(self.fingerprints)
+        # Where each tensor lives (module, attribute): read there at check time, a dict lookup instead of a state_dict
+        # walk. A tensor vLLM replaces inside its module (a repack) is still found; a module replaced by a wrapper
+        # (LoRA) keeps the original as its base layer, which is what a refit writes.
+        self.owners = {}
+        for name in self.fingerprints:
+            module_name, _, attribute = name.rpartition(".")
+            self.owners[name] = (model.get_submodule(module_name), attribute)
         from .. import report
 
         log = report.logger()
@@ -160,7 +178,8 @@ class _RefitGuard:
             log.debug("[%s] %s: cannot guard %s (replaced or reshaped after loading)", ID, label, ", ".join(opaque))
         if not self.fingerprints:
             return
-        original = model.load_weights  # bound method of the model's class
+        original = model.load_weights  # bound method of the model's class (or someone's instance attribute)
+        self.own_load_weights = vars(model).get("load_weights")
 
         def load_weights(*args, **kwargs):
             try:
@@ -182,7 +201,16 @@ class _RefitGuard:
     def _before_generation(self, module, args):
         self.hook.remove()
         self.hook = None
-        self.check(module)
+        from ..errors import RefitIncompleteError
+
+        try:
+            self.check(module)
+        except RefitIncompleteError:
+            raise
+        except Exception as error:  # a check that can't run must not stop generation
+            from .. import report
+
+            report.logger().debug("[%s] %s: check failed: %r", ID, self.label, error)
 
     def check(self, model):
         """Compare each fingerprint with the model's tensors now; report the unwritten ones (once each)."""
@@ -191,17 +219,27 @@ class _RefitGuard:
         from .. import report
 
         log = report.logger()
-        current = model.state_dict(keep_vars=True)
-        unchanged, compared, unknown = [], [], []
+        current = {}
+        now, before, compared, unknown = [], [], [], []
         with torch.no_grad():
-            for name, (shape, dtype, positions, dummy) in self.fingerprints.items():
-                tensor = current.get(name)
+            for name, (shape, dtype, step, dummy) in self.fingerprints.items():
+                module, attribute = self.owners[name]
+                tensor = module._parameters.get(attribute)
+                if tensor is None:
+                    tensor = module._buffers.get(attribute)
+                current[name] = tensor
                 if tensor is None or tensor.shape != shape or tensor.dtype != dtype or tensor.device != dummy.device:
                     unknown.append(name)
                     continue
                 compared.append(name)
-                unchanged.append((tensor[positions] == dummy).sum())
-        counts = torch.stack(unchanged).tolist() if unchanged else []  # one device sync for the whole model
+                now.append(_values(tensor, step))
+                before.append(dummy)
+            # One comparison and one device sync for the whole model (mixed float dtypes widen exactly).
+            same = (torch.cat(now) == torch.cat(before)).tolist() if now else []
+        counts, start = [], 0
+        for values in before:
+            counts.append(sum(same[start : start + values.numel()]))
+            start += values.numel()
         unwritten, partly = [], []
         for name, count in zip(compared, counts):
             samples = self.fingerprints[name][3].numel()
@@ -258,17 +296,8 @@ class _RefitGuard:
         self.fingerprints = {}
         model = self.model_ref()
         if model is not None:
-            vars(model).pop("load_weights", None)
+            if self.own_load_weights is not None:
+                model.load_weights = self.own_load_weights
+            else:
+                vars(model).pop("load_weights", None)
             vars(model).pop("_nrl_shim_refit_guard", None)
-
-
-def _positions(tensor):
-    """SAMPLES evenly spaced positions (as an index tuple) over `tensor`, ends included."""
-    import torch
-
-    numel = tensor.numel()
-    count = min(numel, SAMPLES)
-    flat = torch.linspace(0, numel - 1, count, dtype=torch.float64).round().long()
-    if tensor.dim() == 0:
-        return ()  # tensor[()] is the one value
-    return tuple(index.to(tensor.device) for index in torch.unravel_index(flat, tensor.shape))
