@@ -206,3 +206,68 @@ def test_real_engine_config_in_every_mode(tmp_path):
     ]
     assert hub_line, proc.stderr
     assert f"[{quirk.ID}] vllm load_format for gemma2 model '{dirs['llama']}': 'dummy' -> 'auto'" in proc.stderr
+
+
+
+# ---------------------------------------------------------------- vLLM's real model object: dummy init, refit, normalizer
+# tests/vllm_model_objects.py builds vLLM's own Gemma3ForCausalLM on CPU (EngineArgs.create_engine_config(), then
+# vLLM's loader for that config), refits it from transformers' weights with model.load_weights(...) as RL frameworks
+# do, and compares the scaled embeddings entering layer 0 with transformers'.
+
+_TOLERANCE = 1e-5  # float32 on both sides
+
+
+def _affected():
+    return VLLM_VERSION is not None and Version(quirk.FIXED_IN) > VLLM_VERSION
+
+
+def _dummy_then_refit(tmp_path, shim):
+    """In a fresh interpreter, with or without NRL_SHIM=1: a tiny Gemma-3 text checkpoint (tests/tiny_models.py), vLLM's
+    model built with load_format="dummy", refit; returns vllm_model_objects.main()'s numbers."""
+    from conftest import run_json
+    from vllm_helpers import TESTS_DIR
+
+    model_dir = str(tmp_path / "gemma3_text")
+    code = f"""
+        import sys
+        sys.path.insert(0, {TESTS_DIR!r})
+        import vllm_model_objects
+        vllm_model_objects.write_gemma3_text({model_dir!r})
+        vllm_model_objects.main([{model_dir!r}, "dummy"])
+    """
+    env = dict(cpu_env(), NRL_SHIM="1") if shim else {}
+    out, _ = run_json(code, env=dict(env, HF_HUB_OFFLINE="1"), timeout=600)
+    return out
+
+
+@requires_vllm
+def test_model_object_dummy_refit_without_shim_keeps_a_random_normalizer(tmp_path):
+    if not _affected():
+        pytest.skip(f"vLLM {VLLM_VERSION} is fixed upstream (>= {quirk.FIXED_IN}): the normalizer is not persistent")
+    out = _dummy_then_refit(tmp_path, shim=False)
+    assert out["load_format"] == "dummy"
+    assert out["normalizer_refit"] is False  # load_weights never writes the buffer
+    assert out["normalizer"] and all(abs(n - out["expected"]) > 1 for n in out["normalizer"]), out
+    assert out["max_abs_diff"] > 0.1, out  # the scaled embeddings entering layer 0 are wrong
+
+
+@requires_vllm
+def test_model_object_dummy_refit_with_shim_matches_transformers(tmp_path):
+    if not _affected():
+        pytest.skip(f"vLLM {VLLM_VERSION} is fixed upstream (>= {quirk.FIXED_IN}): see the test without the shim")
+    out = _dummy_then_refit(tmp_path, shim=True)
+    assert out["load_format"] == "auto"
+    assert out["normalizer"] == pytest.approx([out["expected"]] * len(out["normalizer"]), abs=_TOLERANCE), out
+    assert out["normalizer"]
+    assert out["max_abs_diff"] <= _TOLERANCE, out
+
+
+@requires_vllm
+def test_model_object_dummy_refit_on_a_fixed_release_matches_without_shim(tmp_path):
+    if _affected():
+        pytest.skip(f"vLLM {VLLM_VERSION} is affected (< {quirk.FIXED_IN}): see the tests with and without the shim")
+    out = _dummy_then_refit(tmp_path, shim=False)
+    assert out["load_format"] == "dummy"
+    assert out["normalizer"] == pytest.approx([out["expected"]] * len(out["normalizer"]), abs=_TOLERANCE), out
+    assert out["normalizer"]
+    assert out["max_abs_diff"] <= _TOLERANCE, out
