@@ -3,16 +3,18 @@
 RL frameworks start vLLM with dummy (random) weights and refit it from the trainer. A tensor the refit misses (a
 name vLLM's load_weights skips or maps elsewhere, a layer left out of a bucketed transfer, a persistent buffer such
 as Gemma's `normalizer` on vLLM < 0.9.2) keeps its random values and rollouts silently come from a half-random model.
-vLLM's own check (reload_weights' "weights were not loaded" warning, 0.2x+) sees parameters only and judges each
-call alone, so a refit split over several calls is reported once per bucket.
+vLLM's own check (recent releases' reload_weights warns "weights were not loaded") sees parameters only, judges each
+call alone (a refit split over several calls warns once per bucket) and is not on the path of frameworks that call
+the model's load_weights directly.
 
-How: when vLLM's DummyModelLoader returns a model, every floating tensor of its state_dict (the set dummy init
-randomises) is fingerprinted: SAMPLES values at fixed, evenly spaced positions, never a copy. The model's own
-`load_weights` (the call vLLM's in-place reload_weights, NeMo RL and verl all make) is wrapped on the instance; when
-one returns, a one-shot forward pre-hook is registered, so the check runs once at the next generation step, after
-every call of a bucketed refit, and costs nothing per step otherwise. Values are compared, not calls, so a write by
-any route counts, buffers included; a tensor whose sampled values all still equal the dummy ones was written by no
-refit and is reported once. Tensors vLLM replaced or reshaped after loading (a repack) cannot be compared: DEBUG.
+How, in the process that holds the model: around vLLM's dummy init, SAMPLES values at evenly spaced positions of every
+floating tensor in the state_dict (what dummy init randomises) are recorded, before and after; the tensors that dummy
+init changed and that vLLM's post-load processing left in place are guarded (re-derived ones, like attention scales
+reset to 1.0, and repacked ones are not). The model's own `load_weights` (the call vLLM's in-place reload_weights, NeMo
+RL and verl all make) is wrapped on the instance; after a call a one-shot forward pre-hook is armed, so the check runs
+once at the next generation step, after every call of a bucketed refit. Values are compared, not calls: a write by any
+route counts, buffers and tied weights included. A guarded tensor whose samples all still hold their dummy values was
+written by no refit and is reported once; when nothing is left to guard, the guard removes itself.
 """
 
 from . import VLLM
