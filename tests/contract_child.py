@@ -37,11 +37,14 @@ def owners(modules):
 
 
 def wrapped_by(quirk_id, modules):
-    return {
-        (id(owner), name): (owner, name, obj)
-        for owner, name, obj in owners(modules)
-        if _our_layer(obj, quirk_id) is not None
-    }
+    return {(id(owner), name): (owner, name, obj) for owner, name, obj in owners(modules) if _ours(obj, quirk_id)}
+
+
+def _ours(obj, quirk_id):
+    try:
+        return _our_layer(obj, quirk_id) is not None
+    except Exception:  # a module attribute whose __getattr__ raises (vLLM 0.8's UnspecifiedPlatform): not ours
+        return False
 
 
 def layers(obj, quirk_id):
