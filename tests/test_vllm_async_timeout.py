@@ -2,13 +2,12 @@
 NRL_VLLM_ASYNC_TIMEOUT_SECONDS; on expiry the request is aborted and ShimTimeoutError (a TimeoutError) says how to
 raise the limit.
 
-The real AsyncLLM cannot run on a CPU. vllm_async_child.py therefore drives the REAL `AsyncLLM.generate` of this
+The real AsyncLLM cannot run on a CPU. tests/children/vllm_async_generate.py therefore drives the REAL `AsyncLLM.generate` of this
 venv's vLLM (every release's signature, keyword-only arguments after request_id from 0.11.2 on) with only the
 engine-side output stream replaced by a controllable fake, and aborts recorded by fake engine-core objects.
 """
 
 import asyncio
-import os
 import sys
 
 import pytest
@@ -16,22 +15,15 @@ import pytest
 from nrl_shim import ShimError, ShimTimeoutError
 from nrl_shim.quirks import vllm_async_timeout as quirk
 
-from conftest import run_json
+from conftest import run_child_json
 from vllm_helpers import requires_vllm
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_async_child.py")
 TIMEOUT = "0.3"
-
-
-def _run_child(env, *args):
-    code = f"import runpy, sys; sys.argv[1:] = {list(args)!r}; runpy.run_path({CHILD!r}, run_name='__main__')"
-    out, _ = run_json(code, env=env)
-    return out
 
 
 @requires_vllm
 def test_real_generate_with_a_fake_engine_stream():
-    out = _run_child({"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": TIMEOUT})
+    out, _ = run_child_json("vllm_async_generate", env={"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": TIMEOUT})
     assert out["wrapped"] and out["signature_kept"] and out["is_async_gen_function"] and out["doc_kept"]
     assert out["name"] == "generate" and out["request_id_param"] == 3  # (self, prompt, sampling_params, request_id)
     clean = {"timers": 0, "tasks": 0}

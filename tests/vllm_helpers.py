@@ -1,7 +1,7 @@
 """Helpers for the vLLM tests: the installed release, tiny model configs, and a child-side driver that runs the REAL
 vLLM engine entry paths up to `EngineArgs.create_engine_config()` on this CPU-only machine.
 
-The child side is vllm_child.py. It selects vLLM's CPU platform (see ../shared/FACTS.md: without it
+The child side is tests/children/vllm_configs.py. It selects vLLM's CPU platform (see ../shared/FACTS.md: without it
 create_engine_config fails with "Device string must not be empty") and records each config vLLM built.
 """
 
@@ -15,7 +15,7 @@ from packaging.version import Version
 from nrl_shim.explain.tiny_configs import CONFIGS, write_config
 from nrl_shim.libraries import find
 
-from conftest import run_json
+from conftest import run_child_json
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,13 +67,7 @@ def model_dirs(tmp_path, kinds=ALL_KINDS):
 
 def build(cases, env=None, **kw):
     """Run `cases` (dicts for run_case) in one fresh interpreter; return (results, CompletedProcess)."""
-    code = f"""
-        import sys
-        sys.path.insert(0, {TESTS_DIR!r})
-        import vllm_child
-        vllm_child.main()
-    """
-    return run_json(code, env=env, args=(json.dumps(cases),), **kw)
+    return run_child_json("vllm_configs", json.dumps(cases), env=env, **kw)
 
 
 HUB_ID = "google/gemma-3-1b-it"

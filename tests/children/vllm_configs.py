@@ -1,4 +1,5 @@
-"""Child side of the vLLM entry-path tests: runs inside a fresh interpreter started by vllm_helpers.build().
+"""Child side of the vLLM entry-path tests: runs inside a fresh interpreter started by vllm_helpers.build(), with
+argv[1] the cases (see main()); prints one JSON document.
 
 Imports nrl_shim first (activation follows the env the test gave), selects vLLM's CPU platform, then wraps
 EngineArgs.create_engine_config OUTERMOST to record what vLLM built and stop there (building the engine itself needs
@@ -184,3 +185,7 @@ def main():
         )
     out["results"] = out["phases"][0]["results"]
     print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""Child side of test_vllm_async_timeout.py: drives the REAL `AsyncLLM.generate` of the installed vLLM.
+"""Child side of test_vllm_async_timeout.py: drives the REAL `AsyncLLM.generate` of the installed vLLM. No arguments;
+the timeout is NRL_VLLM_ASYNC_TIMEOUT_SECONDS.
 
 A real AsyncLLM cannot run on a CPU, so only its engine side is replaced: the instance is made without __init__
 (no engine process) and its `add_request` hands back a controllable fake output stream (the RequestOutputCollector
