@@ -3,7 +3,7 @@ vLLM of this venv (0.8.5 ... 0.33.0): LLM(model=...), LLM("path"), EngineArgs / 
 .create_engine_config(), AsyncLLM.from_engine_args, AsyncLLMEngine.from_engine_args (real V0 class up to 0.10.x, an
 alias of AsyncLLM later) and the OpenAI server (AsyncEngineArgs.from_cli_args + build_async_engine_client...).
 
-Each path runs in a fresh interpreter up to the config vLLM built (see vllm_child.py), for tiny gemma2, gemma3_text,
+Each path runs in a fresh interpreter up to the config vLLM built (see children/vllm_configs.py), for tiny gemma2, gemma3_text,
 gemma3 (multimodal) and llama configs, with the shim active and with the shim off.
 """
 
