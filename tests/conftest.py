@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -50,20 +49,9 @@ def _last_json(proc):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_python(code, env=None, args=(), timeout=300, check=True, cwd=None):
-    """Run `code` in a fresh interpreter; return CompletedProcess (text). `env` is added to child_env()."""
-    return _run([sys.executable, "-c", textwrap.dedent(code), *args], env, timeout, check, cwd)
-
-
-def run_json(code, env=None, **kw):
-    """Run `code`, which must print one JSON document as its last stdout line; return it parsed."""
-    proc = run_python(code, env=env, **kw)
-    return _last_json(proc), proc
-
-
 def run_child(name, *args, env=None, flags=(), timeout=300, check=True, cwd=None):
     """Run the child program tests/children/<name>.py with `args` in a fresh interpreter (`flags`, e.g. ("-S",), go
-    before the file); return CompletedProcess (text). `env` is added to child_env(). Same checks as run_python."""
+    before the file); return CompletedProcess (text). `env` is added to child_env(). Raises with both outputs when it fails (unless check=False)."""
     return _run([sys.executable, *flags, child_path(name), *args], env, timeout, check, cwd)
 
 

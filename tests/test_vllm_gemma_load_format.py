@@ -209,7 +209,7 @@ def test_real_engine_config_in_every_mode(tmp_path):
 
 
 # ---------------------------------------------------------------- vLLM's real model object: dummy init, refit, normalizer
-# tests/vllm_model_objects.py builds vLLM's own Gemma3ForCausalLM on CPU (EngineArgs.create_engine_config(), then
+# tests/children/vllm_model_objects.py builds vLLM's own Gemma3ForCausalLM on CPU (EngineArgs.create_engine_config(), then
 # vLLM's loader for that config), refits it from transformers' weights with model.load_weights(...) as RL frameworks
 # do, and compares the scaled embeddings entering layer 0 with transformers'.
 
@@ -223,16 +223,13 @@ def _affected():
 def _dummy_then_refit(tmp_path, shim):
     """In a fresh interpreter, with or without NRL_SHIM=1: a tiny Gemma-3 text checkpoint (tests/tiny_models.py), vLLM's
     model built with load_format="dummy", refit; returns vllm_model_objects.main()'s numbers."""
-    from conftest import run_json, run_python
-    from vllm_helpers import TESTS_DIR
+    from conftest import run_child_json
 
     model_dir = str(tmp_path / "gemma3_text")
-    prelude = f"import sys; sys.path.insert(0, {TESTS_DIR!r}); import vllm_model_objects"
     # Written in a child of its own: tiny_models imports nrl_shim, and importing nrl_shim activates it.
-    run_python(f"{prelude}; vllm_model_objects.write_gemma3_text({model_dir!r})", timeout=300)
-    code = f"{prelude}; vllm_model_objects.main([{model_dir!r}, 'dummy'])"
+    run_child_json("vllm_model_objects", "--write", model_dir, timeout=300)
     env = dict(cpu_env(), NRL_SHIM="1") if shim else {}
-    out, _ = run_json(code, env=dict(env, HF_HUB_OFFLINE="1"), timeout=600)
+    out, _ = run_child_json("vllm_model_objects", model_dir, "dummy", env=dict(env, HF_HUB_OFFLINE="1"), timeout=600)
     return out
 
 

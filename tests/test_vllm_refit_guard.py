@@ -7,18 +7,13 @@ The refit goes through vLLM's in-place `reload_weights` (it calls the model's `l
 watches; a direct `load_weights` fails on the CPU build after the repack).
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from packaging.version import Version
 
 from nrl_shim.libraries import find
 
-from conftest import child_env
+from conftest import run_child_json
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 VLLM = find("vllm", thorough=True)
 REAL_ENGINE = [
     pytest.mark.real_engine,
@@ -52,16 +47,9 @@ def models(tmp_path_factory):
 
 
 def run_scenarios(tmp_path, cases, env):
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "refit_guard_child.py"), *(f"{k}={v}" for k, v in cases.items())],
-        env=child_env({"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", **env}),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    args = (f"{k}={v}" for k, v in cases.items())
+    env = {"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", **env}
+    return run_child_json("refit_guard_engine", *args, env=env, timeout=900, cwd=tmp_path)[0]
 
 
 def reported_names(warning):
@@ -146,34 +134,24 @@ def test_strict_mode_makes_an_unwritten_tensor_an_error(models, tmp_path):
     )
 
 
-# vLLM's model objects built on CPU with the regular wheel (tests/vllm_model_objects.py). On the CPU build a direct
-# load_weights refit is impossible after its repack; the engine tests above cover it.
+# vLLM's model objects built on CPU with the regular wheel (tests/children/vllm_model_objects.py): 0.8.5 - 0.10.x
+# build here; 0.11+ CUDA wheels don't import their model classes without a GPU. The CPU build repacks linear weights
+# (a direct load_weights refit fails there): the engine tests above cover it.
 MODEL_OBJECTS = pytest.mark.skipif(
-    VLLM.distribution != "vllm", reason=f"model objects need the regular vLLM wheel (installed: {VLLM.describe()})"
+    VLLM.distribution != "vllm" or VLLM.version is None or Version(VLLM.version) >= Version("0.11"),
+    reason=f"vLLM's model objects build on CPU from the regular wheels 0.8.5 - 0.10.x (installed: {VLLM.describe()})",
 )
 
 
 def run_model_child(tmp_path, env):
-    from vllm_model_objects import write_gemma3_text
-
-    model = write_gemma3_text(tmp_path / "gemma")
+    model = str(tmp_path / "gemma")
+    run_child_json("vllm_model_objects", "--write", model, timeout=300)  # without the shim: it is not under test here
     # V0: vLLM 0.8.x's V1 refuses float32, and this model is float32 so that it matches transformers exactly.
     env = {"NRL_SHIM": "1", "NRL_VLLM_USE_V1": "0" if _affected() else "1", **env}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "refit_guard_model_child.py"), model],
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child_json("refit_guard_model", model, env=env, timeout=900, cwd=tmp_path)[0]
 
 
 def _affected():
-    from packaging.version import Version
-
     return VLLM.version is not None and Version(VLLM.version) < Version("0.9.2")
 
 

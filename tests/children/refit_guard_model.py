@@ -1,6 +1,6 @@
 """vllm-refit-guard on vLLM's real model objects, where no engine can run (vLLM < 0.11 here): `python
-refit_guard_model_child.py MODEL_DIR`. Builds vLLM's Gemma3ForCausalLM through vLLM's own dummy loader
-(tests/vllm_model_objects.py), refits it with its own `load_weights` as RL frameworks do, then starts a generation
+refit_guard_model.py MODEL_DIR`. Builds vLLM's Gemma3ForCausalLM through vLLM's own dummy loader
+(vllm_model_objects.py, next to this file), refits it with its own `load_weights` as RL frameworks do, then starts a generation
 step the way `nn.Module.__call__` starts one: by running the forward pre-hooks. The forward itself needs attention
 kernels this machine cannot load (vllm._C needs a newer libstdc++), so it is not run. Prints one JSON line.
 """

@@ -1,4 +1,4 @@
-"""Refits of real vLLM engines (CPU build), for test_vllm_refit_guard.py: `python refit_guard_child.py
+"""Refits of real vLLM engines (CPU build), for test_vllm_refit_guard.py: `python refit_guard_engine.py
 SCENARIO=MODEL_DIR...`. Each scenario gets a fresh engine, refits it the way RL frameworks do, generates twice and
 records the `nrl_shim` warnings. Prints one JSON line {scenario: {"warnings": [...], "guarded": bool, "error": str|None}}.
 """
@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for tiny_models
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the model runner is reachable
 
 ENGINE_KW = dict(

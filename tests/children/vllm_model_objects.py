@@ -5,7 +5,8 @@ numbers that show whether Gemma's `normalizer` buffer survived.
 
 Runs inside a fresh interpreter (the shim activates at start-up from NRL_SHIM=1, or not):
 
-    python tests/vllm_model_objects.py MODEL_DIR LOAD_FORMAT   # prints one JSON line
+    python tests/children/vllm_model_objects.py MODEL_DIR LOAD_FORMAT   # prints one JSON line
+    python tests/children/vllm_model_objects.py --write MODEL_DIR      # writes the tiny Gemma-3 checkpoint
 
 No engine, no worker, no vllm._C: only vLLM's config, distributed state (world size 1, gloo on 127.0.0.1), model
 classes and loaders. Stdlib + vLLM/torch/transformers only (no pytest here).
@@ -22,7 +23,7 @@ import sys
 def write_gemma3_text(directory, seed=0):
     """tiny_models' Gemma-3 text checkpoint (Gemma3ForCausalLM), with tied embeddings as every real Gemma-3 has:
     vLLM 0.8.x's Gemma3ForCausalLM asserts tie_word_embeddings. Returns the directory."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
     from tiny_models import write_model
 
     return write_model(directory, "gemma3_text", seed=seed, tie_word_embeddings=True)
@@ -256,7 +257,11 @@ def compare(model, hf_model_dir):
 
 
 def main(argv=None):
-    model_dir, load_format = (argv or sys.argv[1:])[:2]
+    argv = argv or sys.argv[1:]
+    if argv[0] == "--write":
+        print(json.dumps({"written": write_gemma3_text(argv[1])}))
+        return None
+    model_dir, load_format = argv[:2]
     model, vllm_config = build_model(model_dir, load_format)
     used = vllm_config.load_config.load_format
     used = str(getattr(used, "value", used))
