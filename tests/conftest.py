@@ -51,7 +51,8 @@ def _last_json(proc):
 
 def run_child(name, *args, env=None, flags=(), timeout=300, check=True, cwd=None):
     """Run the child program tests/children/<name>.py with `args` in a fresh interpreter (`flags`, e.g. ("-S",), go
-    before the file); return CompletedProcess (text). `env` is added to child_env(). Raises with both outputs when it fails (unless check=False)."""
+    before the file); return CompletedProcess (text). `env` is added to child_env(). Raises with both outputs when it
+    fails (unless check=False)."""
     return _run([sys.executable, *flags, child_path(name), *args], env, timeout, check, cwd)
 
 
