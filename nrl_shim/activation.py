@@ -30,7 +30,7 @@ class _State:
     targets: "frozenset[str]" = frozenset()  # module names of the enabled quirks' targets
     patched: "set[tuple[str, str]]" = set()  # (quirk id, target module name) currently patched
     applying: "set[tuple[str, str]]" = set()  # (quirk id, target module name) being patched by some thread right now
-    gates: "dict[ str, tuple[bool, str | None, str] ]" = {}  # quirk id -> (applies, version, reason), computed on first target import
+    gates: "dict[str, tuple[bool, str | None, str]]" = {}  # quirk id -> (applies, version, reason), computed on first target import
     skipped: "set[str]" = set()  # quirk ids already warned about
 
 

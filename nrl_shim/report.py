@@ -24,7 +24,9 @@ def level_from_env() -> int:
 
 def configure(level: int) -> None:
     """Called by activation at every activation (so NRL_SHIM_LOG_LEVEL follows each one), once logging is in use."""
-    logger().setLevel(level)
+    log = logger()
+    if log.level != level:  # setLevel clears the cache of every logger in the process: only on a real change
+        log.setLevel(level)
 
 
 def logger() -> logging.Logger:
