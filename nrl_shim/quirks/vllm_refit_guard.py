@@ -135,6 +135,20 @@ def _sample(model):
     return samples
 
 
+def _unchanged_counts(now, before):
+    """Per tensor, how many sampled values are equal in `now` and `before` (lists of 1-D tensors, pairwise the same
+    length): one comparison and one device sync for the whole model (mixed float dtypes widen exactly)."""
+    import torch
+
+    with torch.no_grad():
+        same = (torch.cat(now) == torch.cat(before)).tolist() if now else []
+    counts, start = [], 0
+    for values in before:
+        counts.append(sum(same[start : start + values.numel()]))
+        start += values.numel()
+    return counts
+
+
 def _values(tensor, step):
     """The sampled elements of `tensor` as a view (no kernel, no copy): cat() of all of them is one gather."""
     import torch
@@ -149,21 +163,14 @@ class _RefitGuard:
     def __init__(self, model, label, settings, before):
         import weakref
 
-        import torch
-
         self.model_ref = weakref.ref(model)
         self.label, self.settings, self.hook, self.own_load_weights = label, settings, None, None
         after = _sample(model)
         # Dummy-initialised: changed by the dummy load. Gone or reshaped since (a repack into another layout, e.g. the
         # CPU backend's linear weights): can't be compared later.
-        self.fingerprints = {
-            name: sample
-            for name, sample in after.items()
-            if name in before
-            and before[name][0] == sample[0]
-            and before[name][1] == sample[1]
-            and not torch.equal(before[name][3], sample[3])
-        }
+        kept = [n for n, (shape, dtype, _, v) in after.items() if n in before and before[n][:2] == (shape, dtype)]
+        unchanged = _unchanged_counts([after[n][3] for n in kept], [before[n][3] for n in kept])
+        self.fingerprints = {n: after[n] for n, count in zip(kept, unchanged) if count < after[n][3].numel()}
         self.total = len(self.fingerprints)
         # Where each tensor lives (module, attribute): read there at check time, a dict lookup instead of a state_dict
         # walk. A tensor vLLM replaces inside its module (a repack) is still found; a module replaced by a wrapper
@@ -172,6 +179,12 @@ class _RefitGuard:
         for name in self.fingerprints:
             module_name, _, attribute = name.rpartition(".")
             self.owners[name] = (model.get_submodule(module_name), attribute)
+        # check()'s exact path once, here at load time: its one-time costs (first strided cat) don't land in the first
+        # generation step after the refit.
+        _unchanged_counts(
+            [_values(self._tensor(name), sample[2]) for name, sample in self.fingerprints.items()],
+            [sample[3] for sample in self.fingerprints.values()],
+        )
         from .. import report
 
         log = report.logger()
@@ -214,6 +227,11 @@ class _RefitGuard:
 
             report.logger().debug("[%s] %s: check failed: %r", ID, self.label, error)
 
+    def _tensor(self, name):
+        module, attribute = self.owners[name]
+        tensor = module._parameters.get(attribute)
+        return module._buffers.get(attribute) if tensor is None else tensor
+
     def check(self, model):
         """Compare each fingerprint with the model's tensors now; report the unwritten ones (once each)."""
         import torch
@@ -225,23 +243,14 @@ class _RefitGuard:
         now, before, compared, unknown = [], [], [], []
         with torch.no_grad():
             for name, (shape, dtype, step, dummy) in self.fingerprints.items():
-                module, attribute = self.owners[name]
-                tensor = module._parameters.get(attribute)
-                if tensor is None:
-                    tensor = module._buffers.get(attribute)
-                current[name] = tensor
+                current[name] = tensor = self._tensor(name)
                 if tensor is None or tensor.shape != shape or tensor.dtype != dtype or tensor.device != dummy.device:
                     unknown.append(name)
                     continue
                 compared.append(name)
                 now.append(_values(tensor, step))
                 before.append(dummy)
-            # One comparison and one device sync for the whole model (mixed float dtypes widen exactly).
-            same = (torch.cat(now) == torch.cat(before)).tolist() if now else []
-        counts, start = [], 0
-        for values in before:
-            counts.append(sum(same[start : start + values.numel()]))
-            start += values.numel()
+        counts = _unchanged_counts(now, before)
         unwritten, partly = [], []
         for name, count in zip(compared, counts):
             samples = self.fingerprints[name][3].numel()
