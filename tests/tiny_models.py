@@ -13,8 +13,29 @@ from nrl_shim.explain.tiny_configs import CONFIGS
 INIT_STD = 0.3
 
 
-def write_model(directory: str, kind: str, seed: int = 0, tie_word_embeddings: bool = False) -> str:
-    """A checkpoint of CONFIGS[kind] (a *ForCausalLM) in `directory`; returns it. Reuses one already written."""
+def write_tokenizer(directory: str, vocab_size: int) -> None:
+    """A word-level tokenizer ("t0" ... "t<n-1>", split on spaces) as a generic fast tokenizer: for engines that load
+    one even with skip_tokenizer_init (vLLM 0.9's V1 LLMEngine does). Built with the `tokenizers` library."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}, f)
+
+
+def write_model(
+    directory: str,
+    kind: str,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+    overrides: dict | None = None,
+    tokenizer: bool = False,
+) -> str:
+    """A checkpoint of CONFIGS[kind] (a *ForCausalLM), `overrides` applied to its config, in `directory` (with a
+    word-level tokenizer when `tokenizer`); returns it. Reuses one already written."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -27,11 +48,14 @@ def write_model(directory: str, kind: str, seed: int = 0, tie_word_embeddings: b
     )
     if "sliding_window" in config:
         config["sliding_window"] = 64  # longer than any test sequence; transformers 5 can't run with None
+    config.update(overrides or {})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory), torch_dtype=torch.float32)
     model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer:
+        write_tokenizer(directory, config["vocab_size"])
     return directory
 
 
