@@ -18,6 +18,8 @@ def _chain_to_shadowed_sitecustomize():
             import importlib.util
 
             spec = importlib.util.spec_from_file_location("_shadowed_sitecustomize", candidate)
+            if spec is None or spec.loader is None:
+                return  # not loadable as a source file: nothing we could run
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return

@@ -211,11 +211,11 @@ def _print_report(request, off, on, rows, notes):
         out("  none: the shim changes nothing for this model and these arguments\n")
     width = max((len(r[0]) for r in rows), default=0)
 
-    def shown(value):
+    def as_text(value):
         return value if value == _ABSENT else repr(value)
 
     for key, before, after, quirk, note in rows:
-        out(f"  {key:<{width}}  {shown(before)} -> {shown(after)}   [{quirk}]{'  ' + note if note else ''}\n")
+        out(f"  {key:<{width}}  {as_text(before)} -> {as_text(after)}   [{quirk}]{'  ' + note if note else ''}\n")
     if rows:
         out(f"{len(rows)} difference(s); each line names the quirk that caused it (nrl-shim doctor lists them).\n")
 

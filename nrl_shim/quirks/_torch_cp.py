@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import sys
 import threading
+from typing import Any  # torch already imported typing: this module loads from patch() only
 
 from . import CP_MODULES as TARGETS  # gated on TORCH_CP by each CP quirk
 
@@ -81,8 +82,10 @@ def _sync_aliases():
         return
     current = real.context_parallel
     for name in _ALIASES:
-        alias = sys.modules.get(name)
-        held = getattr(alias, "context_parallel", None) if alias is not None and alias is not real else None
+        alias: Any = sys.modules.get(name)  # a torch module: its names are not typed here
+        if alias is None or alias is real:
+            continue
+        held = getattr(alias, "context_parallel", None)
         if held is not None and held is not current and inspect.unwrap(held) is inspect.unwrap(current):
             alias.context_parallel = current
 
@@ -170,7 +173,7 @@ class _Leftovers:
         if DTensor._op_dispatcher._custom_op_handlers is not self.handlers and self.module.__name__ == LEGACY:
             DTensor._op_dispatcher._custom_op_handlers = self.handlers
         if self.buffers is None:
-            from . import report
+            from .. import report
 
             report.logger().warning(
                 "context_parallel was left by an exception and torch did not restore the sharded "
@@ -190,7 +193,7 @@ def _torch_frame(cm, code):
     while pending:
         gen = pending.pop()
         frame = getattr(gen, "gi_frame", None)
-        if frame is None or id(gen) in seen:
+        if gen is None or frame is None or id(gen) in seen:
             continue
         seen.add(id(gen))
         if gen.gi_code is code:

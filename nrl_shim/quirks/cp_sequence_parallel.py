@@ -16,9 +16,15 @@ VERSIONS = TORCH_CP
 _API = "torch.distributed.tensor.parallel.api"
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 
-# Made in patch(): threading/weakref are not worth importing at every interpreter start-up.
-_applied = None  # WeakKeyDictionary: module parallelized with SP -> description for the error message
-_nested = None  # threading.local: parallelize_module recurses for dict plans; record the outermost call only
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    import threading
+    from typing import Any
+    from weakref import WeakKeyDictionary
+
+# Made in patch(): threading/weakref are not worth importing while no torch target is.
+_applied: "WeakKeyDictionary[Any, str] | None" = None  # module parallelized with SP -> description for the error
+_nested: "threading.local | None" = None  # parallelize_module recurses for dict plans; record the outermost call only
 
 
 def _is_sp(style):
@@ -53,6 +59,8 @@ def _describe(module, mesh, paths):
 def _parallelize_guard(wrapped, instance, args, kwargs):
     from . import _torch_cp
 
+    applied, nested = _applied, _nested
+    assert applied is not None and nested is not None  # made by patch_api() before it installed this guard
     module = args[0] if args else kwargs.get("module")
     mesh = args[1] if len(args) > 1 else kwargs.get("device_mesh")
     plan = args[2] if len(args) > 2 else kwargs.get("parallelize_plan")
@@ -62,14 +70,14 @@ def _parallelize_guard(wrapped, instance, args, kwargs):
             f"parallelize_module was asked to apply SequenceParallel to {_describe(module, mesh, paths)} "
             "inside torch.distributed.tensor.experimental.context_parallel"
         )
-    outermost = not getattr(_nested, "depth", 0)
-    _nested.depth = getattr(_nested, "depth", 0) + 1
+    outermost = not getattr(nested, "depth", 0)
+    nested.depth = getattr(nested, "depth", 0) + 1
     try:
         result = wrapped(*args, **kwargs)
     finally:
-        _nested.depth -= 1
+        nested.depth -= 1
     if paths and outermost:
-        _applied[module] = _describe(module, mesh, paths)
+        applied[module] = _describe(module, mesh, paths)
     return result
 
 

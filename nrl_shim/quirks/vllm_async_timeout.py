@@ -13,6 +13,10 @@ import time
 from ..settings import Variable, parse_seconds
 from . import VLLM
 
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    import asyncio
+
 ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
@@ -39,35 +43,35 @@ class _Watchdog:
 
     __slots__ = ("timeout", "deadline", "handle", "task", "loop", "expired")
 
-    def __init__(self, timeout):
-        self.timeout, self.deadline, self.handle, self.task, self.loop, self.expired = (
-            timeout,
-            None,
-            None,
-            None,
-            None,
-            False,
-        )
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline: float | None = None
+        self.handle: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task | None = None  # the consumer's task, cancelled when the stream stalls
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.expired = False
 
-    def start(self):
+    def start(self) -> None:
         """Schedule the timer (first wait, or first wait after the timer found the consumer busy elsewhere)."""
-        import asyncio  # here, not at the top: quirk modules load at every interpreter start-up
+        import asyncio  # here, not at the top: quirk modules stay cheap to import
 
+        assert self.deadline is not None  # bounded() sets it before every start()
         self.loop = loop = asyncio.get_running_loop()
         self.task = asyncio.current_task(loop)
         self.handle = loop.call_at(self.deadline, self._fire)
 
-    def _fire(self):
-        deadline = self.deadline
-        if deadline is None:  # not waiting: re-armed by the next arm()
+    def _fire(self) -> None:
+        deadline, loop, task = self.deadline, self.loop, self.task
+        assert loop is not None and task is not None  # start() set both before scheduling this call
+        if deadline is None:  # not waiting: re-armed by the next start()
             self.handle = None
             return
-        if deadline > self.loop.time():  # items arrived since the timer was set: follow the latest deadline
-            self.handle = self.loop.call_at(deadline, self._fire)
+        if deadline > loop.time():  # items arrived since the timer was set: follow the latest deadline
+            self.handle = loop.call_at(deadline, self._fire)
             return
         self.handle = None
         self.expired = True
-        self.task.cancel()
+        task.cancel()
 
     def close(self):
         if self.handle is not None:

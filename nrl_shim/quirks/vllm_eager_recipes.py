@@ -56,9 +56,9 @@ _RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
 class _State:
-    detected = None  # recipe name found on this process's command line
+    detected: "str | None" = None  # recipe name found on this process's command line
     exported = False  # we set NRL_SHIM_RECIPE (teardown removes it)
-    plugin_patterns = None  # {glob: reason} from entry points, loaded on first engine config
+    plugin_patterns: "dict[str, str] | None" = None  # {glob: reason} from entry points, loaded on first engine config
 
 
 def recipe_name(value):

@@ -89,7 +89,7 @@ def fix_engine_args(engine_args, settings):
     report.changed(
         ID,
         f"vllm load_format for {model_type} model {model!r}",
-        str(load_format.value if hasattr(load_format, "value") else load_format),
+        str(getattr(load_format, "value", load_format)),  # LoadFormat.DUMMY -> "dummy"
         "auto",
         _WHY,
     )

@@ -19,6 +19,11 @@ written by no refit and is reported once; when nothing is left to guard, the gua
 
 from . import VLLM
 
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    from typing import Any
+    from weakref import WeakKeyDictionary, WeakSet
+
 ID = "vllm-refit-guard"
 SUMMARY = "Dummy-init models: at the first generation step after a refit, report tensors no refit wrote"
 LINK = "https://github.com/vllm-project/vllm/pull/19788"
@@ -31,8 +36,8 @@ SAMPLES = 8  # positions per tensor: a written tensor changes at all of them (du
 _SHOWN = 8  # names listed in the warning; all of them at DEBUG
 # Created on first use (start-up stays stdlib-light): models being dummy-loaded -> their samples before dummy init;
 # guarded models, for unpatch.
-_BEFORE_DUMMY = None
-_GUARDS = None
+_BEFORE_DUMMY: "WeakKeyDictionary[Any, dict] | None" = None
+_GUARDS: "WeakSet[Any] | None" = None
 
 
 def patch(module, settings):
@@ -161,6 +166,7 @@ def _values(tensor, step):
 
 class _RefitGuard:
     def __init__(self, model, label, settings, before):
+        import functools
         import weakref
 
         self.model_ref = weakref.ref(model)
@@ -202,8 +208,8 @@ class _RefitGuard:
             finally:  # also after a failed call: what it did write counts, and generation may still follow
                 self.refit_seen()
 
-        load_weights.__wrapped__ = original  # inspect.signature follows it
-        load_weights.__doc__ = original.__doc__
+        # Sets __wrapped__ (inspect.signature follows it) and __doc__.
+        functools.update_wrapper(load_weights, original, assigned=("__doc__",), updated=())
         model.load_weights = load_weights  # on the instance: the class and other models stay untouched
         model._nrl_shim_refit_guard = self
         log.debug("[%s] %s loaded with dummy weights: %d tensors guarded", ID, label, self.total)
@@ -214,8 +220,9 @@ class _RefitGuard:
             self.hook = model.register_forward_pre_hook(self._before_generation)
 
     def _before_generation(self, module, args):
-        self.hook.remove()
-        self.hook = None
+        hook, self.hook = self.hook, None
+        if hook is not None:  # always set here: this runs as that hook
+            hook.remove()
         from ..errors import RefitIncompleteError
 
         try:
