@@ -168,7 +168,7 @@ def test_nrl_vllm_use_v1_1_insists_with_an_error_that_says_so(models, tmp_path):
 
 def test_async_engine_with_v0_requested_gets_the_shims_error(models, tmp_path):
     out, _ = run_engine(
-        tmp_path, models["V1"], "V1", {"NRL_SHIM": "1", "NRL_VLLM_USE_V1": "0"}, engine="async", load_format="auto"
+        tmp_path, models["V1"], "V1", {"NRL_SHIM": "1", "NRL_VLLM_USE_V1": "0"}, api="async", load_format="auto"
     )
     assert out["error"].startswith("UnsupportedConfigError: NRL_VLLM_USE_V1=0 asks for vLLM's V0 engine, but the async")
 
@@ -177,7 +177,7 @@ def test_async_timeout_on_0_9_1_async_llm(models, tmp_path):
     """0.9.1's AsyncLLM, engine core in its own process: every stream ends in the shim's timeout error, the requests
     are aborted, and the engine serves the next request."""
     env = {"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "0.001"}
-    out, _ = run_engine(tmp_path, models["V1"], "V1", env, engine="async", load_format="auto", max_tokens=64)
+    out, _ = run_engine(tmp_path, models["V1"], "V1", env, api="async", load_format="auto", max_tokens=64)
     assert "error" not in out, out["error"]
     assert len(out["streams"]) == len(PROMPTS)
     for stream in out["streams"]:
@@ -192,3 +192,28 @@ def test_sqrt_hidden_is_what_transformers_uses():
     from nrl_shim.explain.tiny_configs import CONFIGS
 
     assert math.sqrt(CONFIGS["gemma3_text"]["hidden_size"]) == SQRT_HIDDEN
+
+
+def test_main_job_without_the_shim_mismatches_and_names_the_normalizer(tmp_path):
+    """README's main job on the V0 engine (float32): the refit before every rollout cannot fix the engine."""
+    from vllm_helpers import run_main_job
+
+    proc, errors = run_main_job(tmp_path, False, "--dtype", "float32")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert "affected by the Gemma dummy-weights bug" in proc.stdout
+    assert "VERDICT: MISMATCH — step 0 token_mult_prob_error" in proc.stdout
+    assert "the engine's Gemma `normalizer` buffer is" in proc.stdout and "not sqrt(hidden_size) = 8" in proc.stdout
+    assert len(errors) == 4 and min(errors) > 1.05, errors  # every step: refits never reach the buffer
+
+
+def test_main_job_under_the_shim_matches_at_every_step(tmp_path):
+    """README's main job on the V1 engine (bfloat16) under `nrl-shim run`: real weights from the start."""
+    from vllm_helpers import run_main_job
+
+    proc, errors = run_main_job(tmp_path, True, "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert "(V1 engine): affected by the Gemma dummy-weights bug" in proc.stdout
+    assert "Gemma load-format fix applied (load_format dummy -> auto)" in proc.stdout
+    assert "VERDICT: OK — vLLM's logprobs match the policy at every step" in proc.stdout
+    assert len(errors) == 4 and max(errors) < 1.05, errors
+    assert len(proc.stdout.splitlines()) <= 20, proc.stdout  # fits a screen: vLLM's own logs are off by default

@@ -20,7 +20,7 @@ def test_defaults():
     s = parse()
     assert s.enabled is None and s.disabled == frozenset() and s.strict is False
     assert s.log_level == 20 and s.recipe is None and s.eager_recipes == ()
-    assert s.gemma_load_format == "always" and s.vllm_use_v1 is True and s.async_timeout_s == 600.0
+    assert s.gemma_load_format == "always" and s.vllm_use_v1 is None and s.async_timeout_s == 600.0
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,15 @@
 """vllm-v1-runtime: NRL_VLLM_USE_V1 -> VLLM_USE_V1 on releases that read it (<= 0.11.0), V0 requests that cannot
 work fail with a clear UnsupportedConfigError. Expectations are per installed release:
 
-  release          VLLM_USE_V1 set by the shim   NRL_VLLM_USE_V1=0 sync          NRL_VLLM_USE_V1=0 async
-  0.8.5, 0.10.x    yes (NRL value wins)          V0 engine config                error (async is V1-only)
-  0.11.0           yes when 1, never 0           error (V0 removed in 0.11.0)    error (async is V1-only)
-  >= 0.11.1        no (variable gone)            error (V0 removed in 0.11.0)    error (async is V1-only)
+  release          VLLM_USE_V1 set by the shim      NRL_VLLM_USE_V1=0 sync          NRL_VLLM_USE_V1=0 async
+  0.8.5, 0.10.x    when NRL_VLLM_USE_V1 is set      V0 engine config                error (async is V1-only)
+  0.11.0           when it is 1, never 0            error (V0 removed in 0.11.0)    error (async is V1-only)
+  >= 0.11.1        no (variable gone)               error (V0 removed in 0.11.0)    error (async is V1-only)
 
+NRL_VLLM_USE_V1 unset: VLLM_USE_V1 is never touched; vLLM's own default (V1) and its own fallback to V0 stand.
 On 0.8.x this CPU machine's platform has no V1 (vLLM: "VLLM_USE_V1=1 is not supported with device type=cpu"), so there
-the V1 side is checked through that very error: it proves vLLM saw the VLLM_USE_V1=1 the shim set.
+the V1 side is checked through that very error (it proves vLLM saw the VLLM_USE_V1=1 the shim set), and the unset case
+through vLLM's fallback to V0, which the shim must leave working.
 """
 
 import pytest
@@ -44,9 +46,8 @@ def test_nrl_vllm_use_v1_wins_and_disabling_restores_vllms_choice(tmp_path):
             },
         ]
     }
-    out, proc = build(
-        spec, env={"NRL_SHIM": "1", "VLLM_USE_V1": "0"}
-    )  # the user's VLLM_USE_V1=0 loses to the default 1
+    # The user's VLLM_USE_V1=0 loses to an explicit NRL_VLLM_USE_V1=1, as in NeMo RL.
+    out, proc = build(spec, env={"NRL_SHIM": "1", "NRL_VLLM_USE_V1": "1", "VLLM_USE_V1": "0"})
     on, disabled = out["phases"]
     if has_v1_variable():
         assert out["import_env"] == "1"  # set as vllm.envs was imported, before any vLLM module read it
@@ -65,14 +66,31 @@ def test_nrl_vllm_use_v1_wins_and_disabling_restores_vllms_choice(tmp_path):
     for _path, r in _by_path(on).items():
         if cpu_has_v1():
             assert "error" not in r, r
-        else:  # 0.8.x: vLLM refuses V1 on the CPU platform - because it saw VLLM_USE_V1=1
-            assert r["error"] == "NotImplementedError" and "VLLM_USE_V1=1 is not supported" in r["message"], r
+        else:  # 0.8.x: vLLM refuses V1 on the CPU platform - because it saw VLLM_USE_V1=1; the shim says who insisted
+            assert r["error"] == "UnsupportedConfigError", r
+            assert r["message"].startswith("NRL_VLLM_USE_V1=1 is set, so the shim set VLLM_USE_V1=1"), r
+            assert "(vLLM: VLLM_USE_V1=1 is not supported with" in r["message"], r
     # Disabled with NRL_VLLM_USE_V1=0: nothing from the shim; vLLM picks its engine itself.
     for _path, r in _by_path(disabled).items():
         assert not r.get("shim_error"), r
     assert [quirk.ID, "vllm.engine.arg_utils"] not in disabled["patched"]
     if not has_v1_variable():
         assert disabled["env_after"] is None
+
+
+def test_unset_leaves_vllms_own_choice_and_fallback(tmp_path):
+    """NRL_VLLM_USE_V1 unset: VLLM_USE_V1 untouched, whatever the release; where vLLM falls back to V0 by itself
+    (0.8.x on this CPU platform) the configuration still builds, with one warning from the shim."""
+    llama = model_dirs(tmp_path, ("llama",))["llama"]
+    out, proc = build({"phases": [{"cases": _cases(llama)}]}, env={"NRL_SHIM": "1"})
+    assert out["import_env"] is None
+    assert "[vllm-v1-runtime] environment VLLM_USE_V1" not in proc.stderr
+    for _path, r in _by_path(out["phases"][0]).items():
+        assert "error" not in r, r
+    fell_back = has_v0_engine() and not cpu_has_v1()
+    assert ("runs this engine on V0" in proc.stderr) == fell_back, proc.stderr[-3000:]
+    if fell_back:
+        assert proc.stderr.count("[vllm-v1-runtime]") == 1  # one warning, however many engines
 
 
 def test_v0_request_per_release(tmp_path):
@@ -114,10 +132,13 @@ def test_v0_request_per_release(tmp_path):
         ("0.11.0", True, "V1 only (VLLM_USE_V1=0 is an error)"),
         ("0.11.2", False, "will fail at engine creation"),
         ("0.33.0", True, "V1 only, no VLLM_USE_V1 variable"),
+        ("0.9.1", None, "its default (V1, falling back to V0 by itself), not changed"),
+        ("0.33.0", None, "NRL_VLLM_USE_V1 unset; vLLM 0.33.0: V1 only"),
     ],
 )
 def test_doctor_line(version, wanted, fragment):
     from nrl_shim.registry import load_settings
 
-    line = quirk.describe(load_settings({"NRL_VLLM_USE_V1": "1" if wanted else "0"}), version)
+    environ = {} if wanted is None else {"NRL_VLLM_USE_V1": "1" if wanted else "0"}
+    line = quirk.describe(load_settings(environ), version)
     assert fragment in line and version in line

