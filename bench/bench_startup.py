@@ -1,28 +1,129 @@
-"""Start-up cost of the shim, measured in one run and printed as ratios (a script, not a test).
+"""Start-up cost of the shim, measured in one run and printed as figures and ratios (a script, not a test).
 
-1. interpreter start with NRL_SHIM=1 vs unset, no target imported   (goal: <= +3 ms)
-2. `import nrl_shim`: time, and which heavy modules it pulled in      (goal: none of torch/vllm/transformers/numpy)
-3. `import torch` with the shim's import hooks registered vs none     (goal: ratio <= 1.02)
+1. interpreter start (`python -c pass`) with NRL_SHIM=1 vs unset, no target imported   (goal: <= +2 ms)
+   for the package under test as it is, and with --synthetic N (default 30) synthetic quirks registered on top of
+   today's; with --baseline REF also for that git revision of this repository, both ways (e.g. the code before a
+   change, side by side in the same run)
+2. `python -X importtime`: cumulative import time of nrl_shim, and how many nrl_shim modules start-up loads, per tree
+3. `import nrl_shim`: time, and which heavy modules it pulled in   (goal: none of torch/vllm/transformers/numpy)
+4. `import torch` with the shim's import hooks registered vs none   (goal: ratio <= 1.02)
 
-Runs are interleaved (A, B, A, B, ...) so drift on a shared machine hits both sides alike; medians are reported.
-Usage: python bench/bench_startup.py [--runs N]   (run it with the interpreter of the venv to measure)
+Every tree measured is a copy of the package in a temp dir, compiled as pip installs it, put first on PYTHONPATH; the
+interpreter's installed nrl_shim.pth (pip install . puts it in site-packages) activates it with NRL_SHIM=1. The
+synthetic quirks exist only in these copies: modules shaped like a real quirk (declarations, one setting, patch and
+unpatch, describe) whose targets are never imported, appended to the copy's registry.QUIRK_MODULES (and, where the tree
+has one, its quirk index regenerated). Runs are interleaved (all sides each round) so drift on a shared machine hits
+every side alike; medians and minimums are reported.
+
+Usage: python bench/bench_startup.py [--runs N] [--synthetic N] [--baseline REF]   (with the venv's interpreter)
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HEAVY = ("torch", "vllm", "transformers", "numpy", "wrapt", "ray", "packaging", "importlib.metadata", "logging")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SYNTHETIC = '''"""Synthetic quirk {i} for bench/bench_startup.py (exists only in the benchmark's copy of the package): shaped like a
+real quirk module, with targets that are never imported."""
+
+from ..settings import Variable, parse_bool
+from . import VLLM
+
+ID = "synthetic-quirk-{i:02d}"
+SUMMARY = "synthetic quirk {i}: wraps a function of a module nobody imports"
+LINK = "https://example.invalid/nrl-shim/synthetic/{i}"
+LIBRARY = "vllm"
+VERSIONS = VLLM
+TARGETS = ("nrl_shim_bench_absent_{i:02d}.engine", "nrl_shim_bench_absent_{i:02d}.worker")
+SETTINGS = (
+    Variable(
+        "NRL_SHIM_SYNTHETIC_{i:02d}",
+        "synthetic_{i:02d}",
+        parse_bool,
+        True,
+        "`1` / `0`",
+        "synthetic setting {i} (benchmark only)",
+    ),
+)
+
+
+def _guard(wrapped, instance, args, kwargs):
+    if args and args[0] is None:
+        from ..errors import UnsupportedConfigError
+
+        raise UnsupportedConfigError(f"[{{ID}}] synthetic check {i} refused None; NRL_SHIM_DISABLE={{ID}} skips it")
+    return wrapped(*args, **kwargs)
+
+
+def patch(module, settings):
+    from ..patching import wrap
+
+    if getattr(settings, "synthetic_{i:02d}"):
+        wrap(module, "run", _guard, ID)
+
+
+def unpatch(module):
+    from ..patching import unwrap
+
+    unwrap(module, "run", ID)
+
+
+def describe(settings, version):
+    return f"synthetic quirk {i}: " + ("on" if getattr(settings, "synthetic_{i:02d}") else "off")
+'''
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NRL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NRL_") and k != "PYTHONPATH"}
     env.update(extra)
     return env
+
+
+def _run(cmd, env, **kw):
+    return subprocess.run(cmd, env=env, check=True, **kw)
+
+
+def make_tree(root, package_dir=None, ref=None, synthetic=0):
+    """A copy of nrl_shim under root (from package_dir, or `git archive ref`), with `synthetic` extra quirks, compiled."""
+    os.makedirs(root)
+    if ref is None:
+        shutil.copytree(package_dir, os.path.join(root, "nrl_shim"), ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(["git", "-C", REPO, "archive", ref, "nrl_shim"], check=True, capture_output=True)
+        _run(["tar", "-x", "-C", root], None, input=archive.stdout)
+    if synthetic:
+        quirks = os.path.join(root, "nrl_shim", "quirks")
+        names = []
+        for i in range(synthetic):
+            with open(os.path.join(quirks, f"synthetic_{i:02d}.py"), "w") as f:
+                f.write(SYNTHETIC.format(i=i))
+            names.append(f"nrl_shim.quirks.synthetic_{i:02d}")
+        registry = os.path.join(root, "nrl_shim", "registry.py")
+        with open(registry) as f:
+            source = f.read()
+        source, found = re.subn(
+            r"^QUIRK_MODULES = \(\n", lambda m: m.group(0) + "".join(f'    "{n}",\n' for n in names), source, flags=re.M
+        )
+        if found != 1:
+            raise SystemExit(f"{registry}: no `QUIRK_MODULES = (` to register synthetic quirks in")
+        with open(registry, "w") as f:
+            f.write(source)
+        # Trees with a quirk index (generated from QUIRK_MODULES) get it regenerated; older trees have none.
+        regenerate = "from nrl_shim import docs\nif hasattr(docs, 'write_quirk_index'): docs.write_quirk_index()"
+        _run([sys.executable, "-c", regenerate], _env(PYTHONPATH=root, NRL_SHIM="0"), cwd=root)
+    # As pip does (uv needs --compile-bytecode): start-up is measured against compiled modules.
+    _run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "nrl_shim")], _env())
+    return root
 
 
 def _wall(cmd, env):
@@ -31,61 +132,116 @@ def _wall(cmd, env):
     return time.perf_counter() - start
 
 
-def paired(cmd_a, env_a, cmd_b, env_b, runs):
-    a, b = [], []
+def interleaved(sides, runs):
+    """{label: [seconds, ...]} for sides {label: (cmd, env)}, every side once per round, the order rotating."""
+    times = {label: [] for label in sides}
+    labels = list(sides)
+    for r in range(runs):
+        for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+            times[label].append(_wall(*sides[label]))
+    return times
+
+
+def importtime(py, root, runs):
+    """(median cumulative import time of nrl_shim in µs, nrl_shim modules loaded) at start-up with NRL_SHIM=1."""
+    totals, modules = [], 0
     for _ in range(runs):
-        a.append(_wall(cmd_a, env_a))
-        b.append(_wall(cmd_b, env_b))
-    return statistics.median(a), statistics.median(b)
+        err = subprocess.run(
+            [py, "-X", "importtime", "-c", "pass"],
+            env=_env(PYTHONPATH=root, NRL_SHIM="1"),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        rows = [line.split("|") for line in err.splitlines() if line.startswith("import time:") and "|" in line]
+        ours = [(int(cumulative), name.strip()) for _self, cumulative, name in rows[1:] if "nrl_shim" in name]
+        totals.append(next((c for c, name in ours if name == "nrl_shim"), 0))
+        modules = len(ours)
+    return statistics.median(totals), modules
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--synthetic", type=int, default=30, help="synthetic quirks in the second tree (0: none)")
+    parser.add_argument("--baseline", metavar="REF", help="also measure this git revision of the repository")
     args = parser.parse_args()
     py = sys.executable
-    import importlib.util
+    package_dir = os.path.dirname(importlib.util.find_spec("nrl_shim").origin)
+    print(f"nrl_shim under test: {package_dir}; interpreter {py}")
+    if not any(os.path.isfile(os.path.join(d, "nrl_shim.pth")) for d in __import__("site").getsitepackages()):
+        raise SystemExit("this interpreter has no nrl_shim.pth in site-packages: `pip install .` into its venv first")
 
-    origin = importlib.util.find_spec("nrl_shim").origin
-    cached = importlib.util.cache_from_source(origin)
-    print(
-        f"nrl_shim from {os.path.dirname(origin)}; bytecode {'present' if os.path.exists(cached) else 'MISSING'}"
-        " (start-up figures assume an install that compiled it, as pip does by default)"
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"now": make_tree(os.path.join(tmp, "now"), package_dir)}
+        if args.synthetic:
+            trees[f"now+{args.synthetic}"] = make_tree(os.path.join(tmp, "syn"), package_dir, synthetic=args.synthetic)
+        if args.baseline:
+            trees[args.baseline] = make_tree(os.path.join(tmp, "base"), ref=args.baseline)
+            if args.synthetic:
+                trees[f"{args.baseline}+{args.synthetic}"] = make_tree(
+                    os.path.join(tmp, "base-syn"), ref=args.baseline, synthetic=args.synthetic
+                )
+        cmd = [py, "-c", "pass"]
+        # The unset side has a tree on PYTHONPATH too: an extra sys.path entry is part of the comparison, not the shim.
+        sides = {"unset": (cmd, _env(PYTHONPATH=trees["now"]))}
+        sides.update({label: (cmd, _env(PYTHONPATH=root, NRL_SHIM="1")) for label, root in trees.items()})
+        probe = "import sys; m = sys.modules.get('nrl_shim'); assert m and m.is_active(), 'not active'"
+        for root in trees.values():  # each tree really activates (and fails loudly here otherwise)
+            _run([py, "-c", probe], _env(PYTHONPATH=root, NRL_SHIM="1"))
+        interleaved(sides, 3)  # warm-up: page cache, pyc reads
+        times = interleaved(sides, args.runs)
+        bare, bare_min = statistics.median(times["unset"]), min(times["unset"])
+        print(f"1. interpreter start, {args.runs} interleaved runs per side (median / min):")
+        print(f"   NRL_SHIM unset          {bare * 1e3:6.2f} / {bare_min * 1e3:6.2f} ms")
+        for label in trees:
+            med, low = statistics.median(times[label]), min(times[label])
+            print(
+                f"   NRL_SHIM=1 {label:<12} {med * 1e3:6.2f} / {low * 1e3:6.2f} ms -> "
+                f"+{(med - bare) * 1e3:.2f} ms median, +{(low - bare_min) * 1e3:.2f} ms min, ratio {med / bare:.3f} "
+                "(goal <= +2 ms)"
+            )
 
-    off, on = paired([py, "-c", "pass"], _env(), [py, "-c", "pass"], _env(NRL_SHIM="1"), args.runs)
-    print(
-        f"1. interpreter start: NRL_SHIM unset {off * 1e3:.1f} ms, NRL_SHIM=1 {on * 1e3:.1f} ms "
-        f"-> +{(on - off) * 1e3:.2f} ms, ratio {on / off:.3f} (goal <= +3 ms)"
-    )
+        print("2. python -X importtime -c pass with NRL_SHIM=1 (median cumulative of `nrl_shim`):")
+        for label, root in trees.items():
+            micros, modules = importtime(py, root, max(5, args.runs // 4))
+            print(f"   {label:<12} {micros / 1e3:5.2f} ms, {modules} nrl_shim modules loaded")
 
-    probe = (
-        "import sys, time, json; t = time.perf_counter(); import nrl_shim; dt = time.perf_counter() - t; "
-        f"print(json.dumps([dt, [m for m in {HEAVY!r} if m in sys.modules]]))"
-    )
-    times, pulled = [], None
-    for _ in range(max(5, args.runs // 4)):
-        out = subprocess.run([py, "-c", probe], env=_env(), capture_output=True, text=True, check=True).stdout
-        dt, pulled = json.loads(out)
-        times.append(dt)
-    print(
-        f"2. import nrl_shim: {statistics.median(times) * 1e3:.2f} ms; heavy modules pulled in: "
-        f"{', '.join(pulled) or 'none'} (goal: none of torch, vllm, transformers, numpy)"
-    )
+        probe = (
+            "import sys, time, json; t = time.perf_counter(); import nrl_shim; dt = time.perf_counter() - t; "
+            f"print(json.dumps([dt, [m for m in {HEAVY!r} if m in sys.modules], "
+            "sorted(m for m in sys.modules if m.startswith('nrl_shim.quirks.'))]))"
+        )
+        samples, pulled, quirk_modules = [], None, None
+        for _ in range(max(5, args.runs // 4)):
+            out = subprocess.run(
+                [py, "-c", probe], env=_env(PYTHONPATH=trees["now"]), capture_output=True, text=True, check=True
+            ).stdout
+            dt, pulled, quirk_modules = json.loads(out)
+            samples.append(dt)
+        print(
+            f"3. import nrl_shim: {statistics.median(samples) * 1e3:.2f} ms; heavy modules pulled in: "
+            f"{', '.join(pulled) or 'none'} (goal: none of torch, vllm, transformers, numpy); quirk modules loaded: "
+            f"{', '.join(quirk_modules) or 'none'}"
+        )
 
-    try:
-        import torch  # noqa: F401  (only to know it is installed)
-    except ImportError:
-        print("3. import torch: torch not installed, skipped")
-        return
-    runs = max(10, args.runs // 2)
-    bare, hooked = paired(
-        [py, "-c", "import torch"], _env(NRL_SHIM="0"), [py, "-c", "import torch"], _env(NRL_SHIM="1"), runs
-    )
-    print(
-        f"3. import torch: no hooks {bare * 1e3:.0f} ms, hooks registered {hooked * 1e3:.0f} ms "
-        f"-> ratio {hooked / bare:.3f} (goal <= 1.02)"
-    )
+        if importlib.util.find_spec("torch") is None:
+            print("4. import torch: torch not installed, skipped")
+            return
+        runs = max(10, args.runs // 2)
+        torch_cmd = [py, "-c", "import torch"]
+        hooks = interleaved(
+            {
+                "none": (torch_cmd, _env(PYTHONPATH=trees["now"], NRL_SHIM="0")),
+                "hooks": (torch_cmd, _env(PYTHONPATH=trees["now"], NRL_SHIM="1")),
+            },
+            runs,
+        )
+        bare_torch, hooked = statistics.median(hooks["none"]), statistics.median(hooks["hooks"])
+        print(
+            f"4. import torch: no hooks {bare_torch * 1e3:.0f} ms, hooks registered {hooked * 1e3:.0f} ms "
+            f"-> ratio {hooked / bare_torch:.3f} (goal <= 1.02)"
+        )
 
 
 if __name__ == "__main__":

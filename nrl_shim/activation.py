@@ -128,7 +128,8 @@ def deactivate() -> None:
         if module is not None:
             registry.get(quirk_id).unpatch(module)
     for quirk in quirks:
-        teardown = getattr(quirk.module, "teardown", None)
+        module = quirk.loaded()  # a quirk module never imported had nothing set up (setups import theirs)
+        teardown = getattr(module, "teardown", None) if module is not None else None
         if teardown:
             teardown()
 

@@ -1,31 +1,41 @@
-"""The quirk registry: one module per quirk under nrl_shim/quirks, listed here. No quirk module knows another.
+"""The quirk registry: one module per quirk under nrl_shim/quirks, listed in QUIRK_MODULES. No quirk module knows another.
 
 A quirk module declares (ddtrace/OpenTelemetry style):
     ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE), one line, upstream link
     LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
-    SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable); validated and documented
-                               centrally with the core's (registry.variables())
+    SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable, parsed by one of the parsers
+                               in nrl_shim.settings); validated and documented centrally with the core's
+                               (registry.variables())
     ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
                                that acts through torch's context_parallel)
     TARGETS                 -- module names, each patched once imported (before or after activation): a tuple (the
                                module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
     patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
                                active Settings, handed down by activation (quirks never import activation)
-    setup(settings)         -- optional, runs at activation in every process (stdlib only: it is on the start-up path)
+    setup(settings)         -- optional, runs at activation in every process: the one thing that imports a quirk
+                               module at start-up, so rare, and stdlib only
+    teardown()              -- optional, undoes setup() at deactivation
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
     idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here
-Quirk modules import only the stdlib at top level, so listing them costs nothing; heavy imports go inside patch().
+
+Start-up does not grow with the catalogue: activation reads only nrl_shim/quirks/_index.py (per quirk: its id, target
+module names, settings, whether it has a setup), generated from the quirk modules (`python -m nrl_shim.docs`; a test
+keeps it in sync). A quirk's module is imported when one of its targets is, or when something else of it is needed
+(the version gate, doctor, docs). Quirk modules import only the stdlib at top level; heavy imports go inside patch().
 """
 
 import sys
 
 TYPE_CHECKING = False  # not typing's: this module is on every interpreter's start-up path
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from types import ModuleType
 
     from .settings import Settings, Variable
 
+    Handlers = dict[str, tuple[Callable[[ModuleType, Settings], None], Callable[[ModuleType], None]]]
+
+# The registration list, in the order doctor and the README show them. quirks/_index.py is generated from it.
 QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_gemma_load_format",
     "nrl_shim.quirks.vllm_v1_runtime",
@@ -39,31 +49,95 @@ QUIRK_MODULES = (
     "nrl_shim.quirks.ray_propagate_env",
 )
 
+# What only the module has: read on first access, which imports it. Set one before that and it stays (tests do).
+_FROM_MODULE = frozenset(
+    ("module", "summary", "link", "library", "versions", "also_requires", "setup", "describe", "idle", "_handlers")
+)
+
 
 class Quirk:
-    """A quirk module seen through the fixed interface above."""
+    """A quirk module seen through the fixed interface above. From the index (Quirk.indexed, what the registry holds)
+    only id, targets and settings are known without importing the module; Quirk(module) reads a loaded one."""
+
+    # Known from the index.
+    module_name: str
+    id: str
+    targets: "tuple[str, ...]"
+    settings: "tuple[Variable, ...]"
+    # Read from the module (see __getattr__).
+    module: "ModuleType"
+    summary: str
+    link: str
+    library: str
+    versions: str
+    also_requires: "dict[str, str]"
+    setup: "Callable[[Settings], None] | None"
+    describe: "Callable[[Settings, str | None], str] | None"
+    idle: "Callable[[Settings, str | None], str | None] | None"
+    _handlers: "Handlers"
 
     def __init__(self, module: "ModuleType") -> None:
-        self.module = module
-        self.id = module.ID
-        self.summary = module.SUMMARY
-        self.link = module.LINK
-        self.library = module.LIBRARY
-        self.versions = module.VERSIONS
-        self.also_requires = dict(getattr(module, "ALSO_REQUIRES", {}))
+        # TARGETS: a tuple of names, or {name: (patch, unpatch)} whose keys are the names.
+        self._declare(module.__name__, module.ID, tuple(module.TARGETS), hasattr(module, "setup"))
+        self.settings = tuple(getattr(module, "SETTINGS", ()))
+        self._load(module)
+
+    @classmethod
+    def indexed(
+        cls,
+        module_name: str,
+        quirk_id: str,
+        targets: "tuple[str, ...]",
+        has_setup: bool,
+        settings: "tuple[Variable, ...]",
+    ) -> "Quirk":
+        """A quirk as the index declares it; its module is not imported."""
+        quirk = cls.__new__(cls)
+        quirk._declare(module_name, quirk_id, targets, has_setup)
+        quirk.settings = settings
+        return quirk
+
+    def _declare(self, module_name: str, quirk_id: str, targets: "tuple[str, ...]", has_setup: bool) -> None:
+        self.module_name, self.id, self.targets = module_name, quirk_id, targets
+        if not has_setup:
+            self.setup = None  # known without the module: activation runs only the setups the index lists
+
+    def _load(self, module: "ModuleType") -> None:
+        declared = vars(self)
         targets = module.TARGETS
         if isinstance(targets, dict):  # {module name: (patch, unpatch)}: each target its own functions
-            self._handlers = dict(targets)
+            handlers = dict(targets)
         else:  # a tuple of module names, all handled by the module's patch/unpatch
-            self._handlers = {name: (module.patch, module.unpatch) for name in targets}
-        self.targets = tuple(self._handlers)
-        self.setup = getattr(module, "setup", None)
-        self.describe = getattr(module, "describe", None)
-        self.idle = getattr(module, "idle", None)
-        self.settings = tuple(getattr(module, "SETTINGS", ()))
+            handlers = {name: (module.patch, module.unpatch) for name in targets}
+        for name, value in (
+            ("module", module),
+            ("summary", module.SUMMARY),
+            ("link", module.LINK),
+            ("library", module.LIBRARY),
+            ("versions", module.VERSIONS),
+            ("also_requires", dict(getattr(module, "ALSO_REQUIRES", {}))),
+            ("setup", getattr(module, "setup", None)),
+            ("describe", getattr(module, "describe", None)),
+            ("idle", getattr(module, "idle", None)),
+            ("_handlers", handlers),
+        ):
+            declared.setdefault(name, value)
+
+    if not TYPE_CHECKING:  # mypy checks the declared attributes above; at run time they load on first access
+
+        def __getattr__(self, name):
+            # Only called for attributes not set yet.
+            if name not in _FROM_MODULE or "module" in vars(self) or "module_name" not in vars(self):
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            self._load(_import(self.module_name))
+            return vars(self)[name]
+
+    def loaded(self) -> "ModuleType | None":
+        """The quirk's module if it was imported, without importing it."""
+        return vars(self).get("module") or sys.modules.get(self.module_name)
 
     def __repr__(self) -> str:
-        return f"<Quirk {self.id} {self.library}{self.versions}>"
+        return f"<Quirk {self.id} from {self.module_name}>"
 
     def patch(self, module: "ModuleType", settings: "Settings") -> None:
         self._handlers[module.__name__][0](module, settings)
@@ -105,14 +179,16 @@ def _check(library: str, versions: str) -> "tuple[bool, str | None, str]":
     return True, installed, f"{label} is in {versions}"
 
 
-_QUIRKS = None
+_QUIRKS: "tuple[Quirk, ...] | None" = None
 
 
 def quirks() -> "tuple[Quirk, ...]":
-    """All registered quirks, in registry order (imported once)."""
+    """All registered quirks, in registry order, from the index: no quirk module is imported here."""
     global _QUIRKS
     if _QUIRKS is None:
-        _QUIRKS = tuple(Quirk(_import(name)) for name in QUIRK_MODULES)
+        from .quirks import _index
+
+        _QUIRKS = tuple(Quirk.indexed(*entry) for entry in _index.QUIRKS)
     return _QUIRKS
 
 

@@ -2,10 +2,11 @@
 and validated once into one immutable Settings. A bad value is one SettingsError naming the variable, the value and
 what is accepted. The registry collects the declarations (registry.variables(), registry.load_settings()).
 
-Stdlib only, no dataclasses/typing/logging: this runs at start-up of every interpreter when NRL_SHIM=1.
+Stdlib only, no dataclasses/typing/logging/math: this runs at start-up of every interpreter when NRL_SHIM=1. Quirks
+declare their variables with the parsers below (and nowhere else): nrl_shim/quirks/_index.py repeats the declarations,
+so settings are validated at activation without importing any quirk module.
 """
 
-import math
 import os
 
 from .errors import SettingsError
@@ -44,8 +45,8 @@ def parse_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw.strip())
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+        value = 0.0
+    if not 0 < value < float("inf"):  # false for nan too (no `math`: it is a shared library to load at start-up)
         _fail(name, raw, "a positive, finite number of seconds, e.g. 600 or 1.5")
     return value
 
@@ -62,14 +63,29 @@ def parse_words(name: str, raw: str) -> tuple:
     return tuple(parse_word(name, item) for item in raw.split(",") if item.strip())
 
 
-def choice(*choices: str) -> "Callable[[str, str], str]":
-    def parse_choice(name: str, raw: str) -> str:
+class choice:  # lower case: used like the parse_* functions (`choice("always", "off")` is the parser)
+    """Parser for one of `choices` (case-insensitive). A class rather than a closure: equal declarations compare equal
+    and it has a repr that is its own source, so the quirk index can be generated from it and checked against it."""
+
+    __slots__ = ("choices",)
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+
+    def __call__(self, name: str, raw: str) -> str:
         value = raw.strip().lower()
-        if value not in choices:
-            _fail(name, raw, " | ".join(choices))
+        if value not in self.choices:
+            _fail(name, raw, " | ".join(self.choices))
         return value
 
-    return parse_choice
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, choice) and other.choices == self.choices
+
+    def __hash__(self) -> int:
+        return hash(self.choices)
+
+    def __repr__(self) -> str:
+        return f"choice({', '.join(map(repr, self.choices))})"
 
 
 class Variable(tuple):

