@@ -75,7 +75,7 @@ class SeparateCluster:
                 proc.terminate()
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
+        _, alive = psutil.wait_procs(procs, timeout=5)  # a throwaway cluster: some Ray 2.43 processes ignore SIGTERM
         for proc in alive:
             try:
                 proc.kill()
