@@ -12,15 +12,28 @@ if _os.path.isdir(_VENDOR) and _VENDOR not in _sys.path:
     _sys.path.append(_VENDOR)
 
 from .activation import activate, active_settings, deactivate, is_active
-from .errors import (
-    QuirkSkippedError,
-    RefitIncompleteError,
-    SettingsError,
-    ShimError,
-    ShimTimeoutError,
-    UnsupportedConfigError,
-)
 from .settings import Settings
+
+TYPE_CHECKING = False  # not typing's: this runs at every interpreter start-up
+if TYPE_CHECKING:
+    from .errors import (
+        QuirkSkippedError,
+        RefitIncompleteError,
+        SettingsError,
+        ShimError,
+        ShimTimeoutError,
+        UnsupportedConfigError,
+    )
+_ERRORS = frozenset(
+    (
+        "ShimError",
+        "SettingsError",
+        "UnsupportedConfigError",
+        "QuirkSkippedError",
+        "ShimTimeoutError",
+        "RefitIncompleteError",
+    )
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -36,6 +49,18 @@ __all__ = [
     "ShimTimeoutError",
     "RefitIncompleteError",
 ]
+
+
+def __getattr__(name: str) -> type:
+    # The error classes load on first use (`nrl_shim.ShimError`, `from nrl_shim import ShimError`): creating them costs
+    # start-up time in every interpreter, and most never raise one.
+    if name in _ERRORS:
+        from . import errors
+
+        value = globals()[name] = getattr(errors, name)  # found directly from now on
+        return value
+    raise AttributeError(f"module 'nrl_shim' has no attribute {name!r}")
+
 
 from . import activation as _activation  # noqa: E402
 

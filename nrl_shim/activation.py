@@ -10,7 +10,6 @@ import os
 import sys
 
 from . import registry
-from .errors import QuirkSkippedError, ShimError
 from .settings import _FALSE
 
 TYPE_CHECKING = False  # not typing's: `typing` is not worth importing at every interpreter start-up
@@ -66,8 +65,8 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
                 os.environ["NRL_SHIM"] = "1"  # children (spawn, subprocess, Ray workers) inherit it and activate too
                 _State.exported_nrl_shim = True
             _State.settings, _State.active = settings, True
-            _State.targets = frozenset(name for quirk in _enabled_quirks() for name in quirk.targets)
-            for quirk in _enabled_quirks():
+            _State.targets = registry.targets(settings)
+            for quirk in registry.with_setup(settings):  # the only quirk modules imported here
                 if quirk.setup:
                     quirk.setup(settings)
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
@@ -78,10 +77,12 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
         _report().configure(current.log_level)  # the level follows every activation, not only the first
     if announce and current.log_level <= 10:  # checked first: `logging` stays off the start-up path otherwise
         _announce(current, how)
-    for quirk in _enabled_quirks():
-        for name in quirk.targets:
-            if name in sys.modules:
-                _apply(quirk, sys.modules[name])
+    imported = {name for name in _State.targets if name in sys.modules}  # before activation, or reloaded since
+    if imported:  # Quirk objects (and their modules) only for targets already here: none at interpreter start-up
+        for quirk in _enabled_quirks():
+            for name in quirk.targets:
+                if name in imported:
+                    _apply(quirk, sys.modules[name])
     return current
 
 
@@ -99,7 +100,7 @@ def _report() -> "ModuleType":
 def _announce(current: "Settings", how: str) -> None:
     from . import __version__
 
-    enabled = [q.id for q in registry.quirks() if current.is_enabled(q.id)]
+    enabled = [quirk_id for quirk_id in registry.quirk_ids() if current.is_enabled(quirk_id)]
     _report().logger().debug(
         "active: nrl-shim %s in pid %d (%s), activated by %s; fixes enabled: %s",
         __version__,
@@ -144,8 +145,10 @@ def activate_on_import() -> None:
     by_site = _imported_by_site()
     try:
         activate(how=by_site or "import nrl_shim")
-    except ShimError as err:
-        if not by_site:
+    except Exception as err:
+        from .errors import ShimError  # here: the errors module is not worth loading at every start-up
+
+        if not by_site or not isinstance(err, ShimError):
             raise
         sys.stderr.write(f"nrl-shim: error: {err}\n")
         sys.stderr.flush()
@@ -253,6 +256,8 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
         if settings is None:
             return  # deactivated meanwhile
         _report()  # the quirk may log while patching: at the active level
+        from .errors import ShimError
+
         try:
             quirk.patch(module, settings)
         except ShimError:
@@ -269,6 +274,8 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
 def _skip(quirk: "Quirk", reason: str) -> None:
     message = f"[{quirk.id}] fix skipped: {reason}"
     if _State.settings is not None and _State.settings.strict:
+        from .errors import QuirkSkippedError
+
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")
     if quirk.id not in _State.skipped:
         _State.skipped.add(quirk.id)

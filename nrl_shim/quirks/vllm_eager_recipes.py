@@ -81,6 +81,9 @@ def recipe_from_argv(argv):
     return recipe_name(found) if found else None
 
 
+SETUP_ARGV = "--config"  # setup() detects the recipe from it: other processes don't import this module at start-up
+
+
 def setup(settings):
     if settings.recipe is not None or "NRL_SHIM_RECIPE" in os.environ:
         return
