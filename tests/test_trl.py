@@ -1,0 +1,168 @@
+"""TRL 1.16's GRPOTrainer, colocate mode, end to end on vLLM's CPU build: TRL's own engine and refits, unmodified.
+
+Three runs of real training code (2 GRPO steps on a tiny Llama with a local word-level tokenizer), each in a fresh
+process tree as a user starts it:
+- `nrl-shim run -- python tests/children/trl_grpo_train.py ...` (a user's script, no nrl_shim in it) with
+  NRL_SHIM_RECIPE=grpo-deepscaler-1.5b-8K: it trains; after a final `sync_weights()` the engine's logprobs are the
+  trained policy's, not the initial weights' (the vllm-cpu-refit fix: TRL refits through `model.load_weights`); the
+  engine is eager (vllm-eager-recipes; TRL passes no enforce_eager, so vLLM's default False).
+- the same script without the shim: TRL's first refit raises vLLM's AttributeError (the CPU build packed the linear
+  weights and dropped their parameters). The test fails if it does not: the fix would then prove nothing.
+- `nrl-shim run -- trl grpo --config <dir>/grpo-deepscaler-1.5b-8K.yaml`: TRL's own CLI and script (accelerate launch,
+  a local dataset, the reward by dotted path), the recipe detected from that command line as from NeMo RL's `--config`.
+
+TRL's engine loads real weights (no load_format) and refits them, so the CPU fix needs NRL_SHIM_CPU_LIVE_WEIGHTS=always
+(its default covers dummy-loaded engines only). TRL refits before each generation: after the last step the engine is
+one update behind until `sync_weights()`, which the script calls.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CHILDREN_DIR, SOURCE_ROOT, child_env, child_path
+from vllm_helpers import REAL_ENGINE
+
+pytestmark = [
+    *REAL_ENGINE,
+    pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (TRL 1.16.0), not installed here"),
+]
+
+RECIPE = "grpo-deepscaler-1.5b-8K"
+BIN = os.path.dirname(sys.executable)
+# The CPU fix for engines loaded with real weights, as TRL's are; vLLM's CI switch skips the slow inductor compile of a
+# non-eager engine; TRL sets VLLM_LOGGING_LEVEL=ERROR unless it is set: INFO shows vLLM's engine config.
+ENV = {
+    "NRL_SHIM_CPU_LIVE_WEIGHTS": "always",
+    "VLLM_CPU_CI_ENV": "1",
+    "VLLM_LOGGING_LEVEL": "INFO",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+REFIT_ERROR = "AttributeError: 'Parameter' object has no attribute 'weight_loader'"
+EAGER_LINE = f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}: False -> True"
+CPU_REFIT_LINE = (
+    "[vllm-cpu-refit] vLLM CPU build: linear layers of every model (NRL_SHIM_CPU_LIVE_WEIGHTS=always): "
+    "'packed kernel copy (weight parameter dropped)' -> 'live weight (torch.nn.functional.linear)'"
+)
+# The engine is bf16 (TRL's dtype="auto" on a float32 checkpoint, on a CPU); the policy is compared in bf16 too.
+BF16_GAP = 0.3  # measured 0.08
+MOVED = 2.0  # the initial weights' gap, measured 11.4; the engine before the final sync, measured 6.2
+
+
+def run(argv, tmp_path, env, timeout=600):
+    proc = subprocess.run(argv, env=child_env(env), capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return proc, proc.stdout + proc.stderr
+
+
+def train(tmp_path, model, shim, env):
+    result = tmp_path / "result.json"
+    command = [sys.executable, child_path("trl_grpo_train"), model, str(tmp_path / "out"), str(result)]
+    if shim:
+        command = [os.path.join(BIN, "nrl-shim"), "run", "--", *command]
+    proc, output = run(command, tmp_path, dict(ENV, NRL_SHIM="1" if shim else "0", **env))
+    return proc, output, json.loads(result.read_text()) if result.exists() else None
+
+
+def tail(output):
+    return output[-6000:]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from tiny_models import write_model
+
+    return write_model(tmp_path_factory.mktemp("trl") / "policy", "llama", tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def under_the_shim(model, tmp_path_factory):
+    return train(tmp_path_factory.mktemp("shim"), model, True, {"NRL_SHIM_RECIPE": RECIPE})
+
+
+@pytest.fixture(scope="module")
+def without_the_shim(model, tmp_path_factory):
+    return train(tmp_path_factory.mktemp("plain"), model, False, {})
+
+
+def test_grpo_trains_and_the_engine_follows_the_policy_under_the_shim(under_the_shim):
+    proc, output, result = under_the_shim
+    assert proc.returncode == 0 and result, tail(output)
+    assert result["global_step"] == 2
+    assert [entry["step"] for entry in result["history"] if "loss" in entry] == [1, 2]
+    assert result["engine"]["dtype"] == "torch.bfloat16" and result["engine"]["load_format"] == "auto"
+    # After sync_weights() the engine computes the trained policy's logprobs (its own greedy tokens), within bf16...
+    assert result["gap_to_policy"] < BF16_GAP, result
+    # ...and not the initial weights': TRL's refits reached the engine. Before that last sync it was a step behind.
+    assert result["gap_to_initial"] > MOVED and result["stale_gap_to_policy"] > MOVED, result
+    assert result["engine_tokens"] != result["initial_greedy_bf16"]
+    assert output.count(CPU_REFIT_LINE) == 1, tail(output)
+
+
+def test_the_recipe_makes_trls_engine_eager(under_the_shim):
+    proc, output, result = under_the_shim
+    assert proc.returncode == 0 and result, tail(output)
+    assert output.count(EAGER_LINE) == 1, tail(output)  # False: what TRL passes (nothing), vLLM's default
+    assert result["engine"]["enforce_eager"] is True
+
+
+def test_without_the_shim_trls_first_refit_fails_on_the_cpu_build(without_the_shim):
+    proc, output, result = without_the_shim
+    # The failure the fix is for must happen here, or the test above proves nothing.
+    assert proc.returncode != 0 and result is None, tail(output)
+    assert REFIT_ERROR in output, tail(output)
+    traceback = output[output.index("Traceback (most recent call last)") :]
+    # TRL's refit before its first generation, one tensor per model.load_weights call, into vLLM's packed layers.
+    assert "trl/generation/vllm_generation.py" in traceback and "in sync_weights" in traceback
+    assert "vllm/model_executor/layers/linear.py" in traceback
+    assert "'loss'" not in output  # no step finished
+    assert "[vllm-cpu-refit]" not in output and "[vllm-eager-recipes]" not in output
+
+
+def test_trl_cli_config_named_after_a_recipe_is_detected(model, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "train.jsonl", "w") as f:
+        for a, b, c in [(5, 17, 42), (100, 3, 9), (7, 8, 9)] * 4:
+            f.write(json.dumps({"prompt": f"t{a} t{b} t{c}"}) + "\n")
+    config = {
+        "model_name_or_path": model,
+        "dataset_name": str(data),  # a local folder: datasets' json builder, split "train"
+        "reward_funcs": ["trl_grpo_train.even_token_reward"],  # a dotted path, on PYTHONPATH below
+        "output_dir": str(tmp_path / "out"),
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": 0.05,
+        "vllm_max_model_length": 128,
+        "use_cpu": True,
+        "bf16": False,
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "learning_rate": 0.05,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+    recipe = tmp_path / "recipes" / f"{RECIPE}.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text("".join(f"{key}: {json.dumps(value)}\n" for key, value in config.items()))  # JSON values: YAML
+    env = dict(
+        ENV,
+        PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(CHILDREN_DIR)]),
+        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
+    )
+    command = [os.path.join(BIN, "nrl-shim"), "run", "--", os.path.join(BIN, "trl"), "grpo", "--config", str(recipe)]
+    proc, output = run(command, tmp_path, env)
+    assert proc.returncode == 0, tail(output)
+    assert "Training completed." in output, tail(output)
+    assert "'train_runtime'" in output and output.count("'loss'") == 2, tail(output)
+    # Nothing set NRL_SHIM_RECIPE (child_env drops NRL_*): the shim read it from `trl grpo --config <recipe>.yaml`.
+    assert output.count(EAGER_LINE) == 1, tail(output)
+    assert "enforce_eager=True" in output, tail(output)  # vLLM's own engine-config line
+    assert output.count(CPU_REFIT_LINE) == 1, tail(output)  # and TRL's refits in its own script went through
