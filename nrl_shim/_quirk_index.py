@@ -27,6 +27,22 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm_auto_load_format",
+        "vllm-auto-load-format",
+        ("vllm.engine.arg_utils",),
+        None,
+        (
+            Variable(
+                "NRL_SHIM_AUTO_LOAD_MODEL_TYPES",
+                "auto_load_model_types",
+                parse_words,
+                (),
+                "comma list of HF `model_type` values, e.g. `my_model,other_model`",
+                "more model types whose vLLM load_format 'dummy' becomes 'auto' (beside NeMo RL's Nemotron-H Nano VL types; Gemma has its own fix)",
+            ),
+        ),
+    ),
+    (
         "nrl_shim.quirks.vllm_v1_runtime",
         "vllm-v1-runtime",
         ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm"),

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 # The registration list, in the order doctor and the README show them. nrl_shim/_quirk_index.py is generated from it.
 QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_gemma_load_format",
+    "nrl_shim.quirks.vllm_auto_load_format",
     "nrl_shim.quirks.vllm_v1_runtime",
     "nrl_shim.quirks.vllm_eager_recipes",
     "nrl_shim.quirks.vllm_async_timeout",

@@ -18,6 +18,31 @@ def version_at_least(minimum):
     return installed is not None and Version(installed) >= Version(minimum)
 
 
+def is_dummy_load_format(load_format):
+    # A plain str from 0.10.1; a str-enum LoadFormat before (LoadFormat.DUMMY == "dummy" holds for both).
+    return isinstance(load_format, str) and load_format.lower() == "dummy"
+
+
+def auto_load_format_like(load_format):
+    """ "auto" in the type vLLM used for `load_format` (keeps LoadFormat on 0.8 - 0.10.0)."""
+    return type(load_format)("auto") if type(load_format) is not str else "auto"
+
+
+def load_format_text(load_format):
+    return str(getattr(load_format, "value", load_format))  # LoadFormat.DUMMY -> "dummy"
+
+
+def model_type_of(engine_args):
+    """The HF model_type vLLM will load for these EngineArgs (local config or offline HF cache), or None."""
+    from . import _hf_config as hf_config
+
+    model = getattr(engine_args, "hf_config_path", None) or getattr(engine_args, "model", None)
+    found = hf_config.model_type(
+        model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None)
+    )
+    return model, found
+
+
 def engine_args_of(instance, args):
     """The EngineArgs a wrapped create_engine_config() was called on (bound call, or EngineArgs.create_engine_config(a))."""
     return instance if instance is not None else (args[0] if args else None)

@@ -50,32 +50,18 @@ def mode_applies(mode, version):
     return mode == "always" or (mode == "affected" and vllm_is_affected(version))
 
 
-def _is_dummy(load_format):
-    # A plain str from 0.10.1; a str-enum LoadFormat before (LoadFormat.DUMMY == "dummy" holds for both).
-    return isinstance(load_format, str) and load_format.lower() == "dummy"
-
-
-def _auto_like(load_format):
-    return type(load_format)("auto") if type(load_format) is not str else "auto"  # keep LoadFormat on 0.8-0.10.0
-
-
 def fix_engine_args(engine_args, settings):
     """Turn dummy into auto on `engine_args` (in place) when it is a Gemma model and the mode says so."""
-    from ._vllm import installed_version
+    from ._vllm import auto_load_format_like, installed_version, is_dummy_load_format, load_format_text, model_type_of
 
     load_format = getattr(engine_args, "load_format", None)
     if (
         settings is None
-        or not _is_dummy(load_format)
+        or not is_dummy_load_format(load_format)
         or not mode_applies(settings.gemma_load_format, installed_version())
     ):
         return
-    from . import _hf_config as hf_config
-
-    model = getattr(engine_args, "hf_config_path", None) or engine_args.model
-    model_type = hf_config.model_type(
-        model, getattr(engine_args, "revision", None), getattr(engine_args, "hf_overrides", None)
-    )
+    model, model_type = model_type_of(engine_args)
     if model_type is None:
         from .. import report
 
@@ -83,15 +69,11 @@ def fix_engine_args(engine_args, settings):
         return
     if model_type not in GEMMA_MODEL_TYPES:
         return
-    engine_args.load_format = _auto_like(load_format)
+    engine_args.load_format = auto_load_format_like(load_format)
     from .. import report
 
     report.changed(
-        ID,
-        f"vllm load_format for {model_type} model {model!r}",
-        str(getattr(load_format, "value", load_format)),  # LoadFormat.DUMMY -> "dummy"
-        "auto",
-        _WHY,
+        ID, f"vllm load_format for {model_type} model {model!r}", load_format_text(load_format), "auto", _WHY
     )
 
 
