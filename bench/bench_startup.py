@@ -15,7 +15,8 @@ unpatch, describe) whose targets are never imported, appended to the copy's regi
 has one, its quirk index regenerated). Runs are interleaved (all sides each round) so drift on a shared machine hits
 every side alike; medians and minimums are reported.
 
-Usage: python bench/bench_startup.py [--runs N] [--synthetic N] [--baseline REF]   (with the venv's interpreter)
+Usage: python bench/bench_startup.py [--runs N] [--synthetic N] [--baseline REF]   (with the venv's interpreter; it
+measures the nrl_shim that interpreter imports: the installed one, or this checkout with PYTHONPATH=.)
 """
 
 import argparse
