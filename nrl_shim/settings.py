@@ -3,7 +3,7 @@ and validated once into one immutable Settings. A bad value is one SettingsError
 what is accepted. The registry collects the declarations (registry.variables(), registry.load_settings()).
 
 Stdlib only, no dataclasses/typing/logging/math: this runs at start-up of every interpreter when NRL_SHIM=1. Quirks
-declare their variables with the parsers below (and nowhere else): nrl_shim/quirks/_index.py repeats the declarations,
+declare their variables with the parsers below (and nowhere else): nrl_shim/_quirk_index.py repeats the declarations,
 so settings are validated at activation without importing any quirk module.
 """
 
