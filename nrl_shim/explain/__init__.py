@@ -32,8 +32,19 @@ def _declared(attribute):
     return {item: q.id for q in registry.quirks() for item in getattr(q.module, attribute, ())}
 
 
+def _setters():
+    """{config field: (quirk ids that may set it, in registry order)}: load_format has two (Gemma's, other types')."""
+    from .. import registry
+
+    found: dict = {}
+    for q in registry.quirks():
+        for field in getattr(q.module, "EXPLAIN_FIELDS", ()):
+            found.setdefault(field, []).append(q.id)
+    return {field: tuple(ids) for field, ids in found.items()}
+
+
 # Config fields a quirk sets directly; anything else that differs follows from those.
-_DIRECT = _declared("EXPLAIN_FIELDS")
+_DIRECT = _setters()
 # Derived from a quirk's fields by vLLM (CUDA-graph capture sizes, compilation level/mode...).
 _DERIVED_PREFIXES = _declared("EXPLAIN_DERIVED")
 V1_QUIRK = _declared("EXPLAIN_ENV")["VLLM_USE_V1"]
@@ -164,7 +175,9 @@ def compare(off, on):
     for key in sorted(set(a) | set(b)):
         if key in _IGNORED or a.get(key) == b.get(key):
             continue
-        quirk, note = _DIRECT.get(key), ""
+        setters = _DIRECT.get(key, ())
+        # Of the quirks that may set this field, the one that logged a change (else the first declared).
+        quirk, note = next((q for q in setters if q in changed_quirks), setters[0] if setters else None), ""
         if quirk is None:
             cause = next((q for prefix, q in _DERIVED_PREFIXES.items() if key.startswith(prefix)), None)
             if cause in changed_quirks:
