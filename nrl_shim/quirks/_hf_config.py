@@ -33,12 +33,16 @@ def config_path(model, revision=None, environ=None):
     if not isinstance(model, (str, os.PathLike)):
         return None
     model = os.fspath(model)
+    if not isinstance(model, str):
+        return None  # a PathLike of bytes
     local = os.path.expanduser(model)
     if os.path.isdir(local):
         path = os.path.join(local, "config.json")
         return path if os.path.isfile(path) else None
     if model.count("/") != 1 or model.startswith(("/", ".", "~")):
         return None  # not a hub id ("org/name") and not a directory: a file, a URL, a typo
+    if revision is not None and not isinstance(revision, str):
+        return None  # a number read from YAML, bytes ...: names no ref or commit here (vLLM reports it)
     repo_dir = os.path.join(hub_cache_dir(environ), "models--" + model.replace("/", "--"))
     revision = revision or "main"
     commit = revision if _COMMIT.match(revision) else _read_ref(repo_dir, revision)
@@ -57,7 +61,11 @@ def _read_ref(repo_dir, revision):
 
 
 def model_type(model, revision=None, hf_overrides=None):
-    """config.json's model_type for `model` (after hf_overrides), or None when unknown. Cached per process."""
+    """config.json's model_type for `model` (after hf_overrides), or None when unknown. Cached per process.
+    Never raises: any argument of any type, any file content, gives a str or None."""
+    override = _override(hf_overrides)
+    if override is not None:
+        return override
     key = (
         model,
         revision,
@@ -67,13 +75,12 @@ def model_type(model, revision=None, hf_overrides=None):
         os.environ.get("XDG_CACHE_HOME"),
     )
     try:
-        found = _cache[key]
+        return _cache[key]
     except KeyError:
         found = _cache[key] = _read_model_type(config_path(model, revision))
-    except TypeError:  # unhashable model argument: not something we can resolve
-        return None
-    override = _override(hf_overrides)
-    return override if override is not None else found
+        return found
+    except TypeError:  # an unhashable argument (a list as revision ...): look it up, uncached
+        return _read_model_type(config_path(model, revision))
 
 
 def _read_model_type(path):
@@ -82,7 +89,7 @@ def _read_model_type(path):
     try:
         with open(path, "rb") as f:
             value = json.load(f).get("model_type")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deeply
         return None
     return value if isinstance(value, str) else None
 
@@ -92,7 +99,7 @@ def _override(hf_overrides):
     if isinstance(hf_overrides, str):
         try:
             hf_overrides = json.loads(hf_overrides)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(hf_overrides, dict):
         value = hf_overrides.get("model_type")
