@@ -18,10 +18,14 @@ it, because the wrapper answers before vLLM's function looks at the CPU. Any wri
 Engines loaded with real weights keep vLLM's packed kernels (NRL_SHIM_CPU_LIVE_WEIGHTS=always extends the fix to
 them, for frameworks that refit those, e.g. TRL's colocate mode). GPU builds are never touched: nothing is wrapped.
 
-Why live weights and not "pack, keep the parameter, repack after each refit" (measured in bench/bench_cpu_refit.py):
-repacking needs a hook on every write route (a direct copy or a buffer write would go stale silently), holds every
-linear weight twice, and costs a full repack per refit; live weights are correct for any write route, at the cost of
-torch's GEMM instead of oneDNN's in generation (the measured ratio is in the benchmark and README).
+Why live weights and not "pack, keep the parameter, repack after each refit" (both measured in
+bench/bench_cpu_refit.py, on one engine, alternating): repacking keeps vLLM's decode speed, but it is correct only
+for writes it hears of (a hook on the model's load_weights; a direct copy into a parameter would leave the kernel on
+the old values, silently: the very failure this fix exists for), holds every linear weight twice (+392 MiB for a
+0.17B float32 model) and repacks every layer after each refit (1.0-4.5x the refit's own time). Live weights are right
+whatever writes them, cost no memory and nothing per refit; their price is torch's GEMM instead of a prepacked one in
+generation (0.17B Llama, 2 shared cores without AMX, decode batches of 8 and 64: 0.42-0.74x the tokens/s in float32,
+0.55-1.0x in bfloat16), paid only by dummy-loaded engines of the CPU build, where a refit would otherwise fail.
 
 Not covered: 3-D weights (the causal-conv1d weights of GDN layers, packed in place on AVX512-BF16/AMX CPUs) and MoE
 expert weights (packed by the MoE layer itself, not through this function): they stay as vLLM packs them.
