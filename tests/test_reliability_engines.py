@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from conftest import child_env, child_path
-from vllm_helpers import REAL_ENGINE
+from vllm_helpers import REAL_ENGINE, reported_names
 
 pytestmark = REAL_ENGINE
 STALL_TIMEOUT = 4.0  # NRL_VLLM_ASYNC_TIMEOUT_SECONDS while the engine is stopped
@@ -149,12 +149,6 @@ def stacked_sources(name):
         if f".{stacked}." in name:
             return [name.replace(stacked, part) for part in parts]
     return [name]
-
-
-def reported_names(warning):
-    """The tensor names a guard warning lists (`name (shape)` items between ': ' and '. Rollouts')."""
-    listed = warning.split("random values): ", 1)[1].split(". Rollouts", 1)[0]
-    return sorted(item.rsplit(" (", 1)[0] for item in listed.split(", "))
 
 
 def test_refit_losing_one_bucket_names_exactly_its_tensors(llama, tmp_path):

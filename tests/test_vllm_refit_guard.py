@@ -8,13 +8,11 @@ at DEBUG what it cannot compare. The refit goes through vLLM's in-place `reload_
 `load_weights`, the call the guard watches; a direct `load_weights` fails on the CPU build after the repack).
 """
 
-import re
-
 import pytest
 from packaging.version import Version
 
 from conftest import run_child_json
-from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE
+from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE, reported_names
 
 VLLM = INSTALLED_VLLM
 
@@ -50,12 +48,6 @@ def run_scenarios(tmp_path, cases, env):
     args = (f"{k}={v}" for k, v in cases.items())
     env = {"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", **env}
     return run_child_json("refit_guard_engine", *args, env=env, timeout=900, cwd=tmp_path)[0]
-
-
-def reported_names(warning):
-    """The tensor names a guard warning lists (`name (shape)` items between ': ' and '. Rollouts')."""
-    listed = warning.split("random values): ", 1)[1].split(". Rollouts", 1)[0]
-    return sorted(re.findall(r"([\w.]+) \([\d, ]*\)", listed))
 
 
 @pytest.fixture(scope="module")

@@ -107,3 +107,12 @@ def run_main_job(tmp_path, shim, *args, env=None):
     proc = subprocess.run(command, env=child_env(env), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     steps = json.loads(steps_file.read_text())["steps"] if steps_file.exists() else []
     return proc, [s["token_mult_prob_error"] for s in steps]
+
+
+def reported_names(warning):
+    """The tensor names a refit-guard warning lists (`name (shape)` items between ': ' and '. Rollouts'); shapes of
+    2-D tensors hold ", " too, so items are matched, not split."""
+    import re
+
+    listed = warning.split("random values): ", 1)[1].split(". Rollouts", 1)[0]
+    return sorted(re.findall(r"([\w.]+) \([\d, ]*\)", listed))
