@@ -54,9 +54,11 @@ def run_tree(args, env, cwd, timeout):
         stdout, stderr = proc.communicate()
         pytest.fail(f"child hung (> {timeout} s): {args}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}")
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    # vLLM logs to stdout too, also at exit (engine shutdown): the result is the last line that is a JSON object.
+    # vLLM's processes log to the same stdout, also at exit, and a line of theirs can land right after the result
+    # without a newline: the result is the last line that starts with a JSON object, read up to that object's end.
     (line,) = [line for line in stdout.splitlines() if line.startswith("{")][-1:]
-    return json.loads(line), stderr
+    result, _end = json.JSONDecoder().raw_decode(line)
+    return result, stderr
 
 
 @pytest.fixture(scope="module")
