@@ -29,11 +29,13 @@ VLLM_RELEASES = {
     "0.11.2": "transformers>=4.56,<5",
     "0.33.0": "transformers",
 }
+# `--dist loadfile`: a file's tests stay on one worker, so module-scoped fixtures are built once.
+MATRIX_WORKERS = ["-n", "2", "--dist", "loadfile"]
 CI_RELEASES = ["0.8.5", "0.33.0"]  # both ends of the supported range; 0.8.5 has the Gemma bug itself
 
 
 def _install(session: nox.Session, vllm: str) -> None:
-    session.install(f"vllm=={vllm}", VLLM_RELEASES[vllm], "ray", "pytest>=8", "hypothesis>=6")
+    session.install(f"vllm=={vllm}", VLLM_RELEASES[vllm], "ray", "pytest>=8", "pytest-xdist>=3", "hypothesis>=6")
     # Not editable: the wheel puts nrl_shim.pth in site-packages, which the activation tests rely on.
     # --compile-bytecode as pip does by default (uv doesn't): start-up cost is measured against installed .pyc files.
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
@@ -59,9 +61,10 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11")
 @nox.parametrize("vllm", [nox.param(v, tags=["ci"] if v in CI_RELEASES else []) for v in VLLM_RELEASES])
 def matrix(session: nox.Session, vllm: str) -> None:
-    """Whole test suite against one pinned vLLM release."""
+    """Whole test suite against one pinned vLLM release. Two pytest workers, one file each at a time: these tests spend
+    their time importing vLLM and torch in child interpreters (one core each), so two run side by side on two cores."""
     _install(session, vllm)
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q", "--durations=15", "tests"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["-q", *MATRIX_WORKERS, "--durations=15", "tests"]))
 
 
 # vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that

@@ -108,16 +108,20 @@ QUIRKS = (
     (
         "nrl_shim.quirks.vllm_cpu_refit",
         "vllm-cpu-refit",
-        ("vllm.model_executor.model_loader.dummy_loader", "vllm.model_executor.layers.utils"),
+        (
+            "vllm.model_executor.model_loader.dummy_loader",
+            "vllm.model_executor.model_loader.base_loader",
+            "vllm.model_executor.layers.utils",
+        ),
         None,
         (
             Variable(
                 "NRL_SHIM_CPU_LIVE_WEIGHTS",
                 "cpu_live_weights",
-                choice("dummy", "always"),
-                "dummy",
-                "`dummy` / `always`",
-                "vLLM's CPU build: whose linear layers compute on their live weights (so `model.load_weights` refits work): `dummy`: models loaded with `load_format='dummy'`, the ones RL frameworks refit (others keep vLLM's packed kernels); `always`: every model (frameworks that refit an engine loaded with real weights, e.g. TRL colocate)",
+                choice("refit", "dummy", "always"),
+                "refit",
+                "`refit` / `dummy` / `always`",
+                "vLLM's CPU build: whose linear layers compute on their live weights (so `model.load_weights` refits work): `refit`: the engines RL frameworks refit, models loaded with `load_format='dummy'` (verl, NeMo RL) and engines with `distributed_executor_backend='external_launcher'` (TRL colocate); `dummy`: dummy-loaded models only; `always`: every model. Others keep vLLM's packed kernels",
             ),
         ),
     ),

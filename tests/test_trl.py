@@ -11,8 +11,9 @@ process tree as a user starts it:
 - `nrl-shim run -- trl grpo --config <dir>/grpo-deepscaler-1.5b-8K.yaml`: TRL's own CLI and script (accelerate launch,
   a local dataset, the reward by dotted path), the recipe detected from that command line as from NeMo RL's `--config`.
 
-TRL's engine loads real weights (no load_format) and refits them, so the CPU fix needs NRL_SHIM_CPU_LIVE_WEIGHTS=always
-(its default covers dummy-loaded engines only). TRL refits before each generation: after the last step the engine is
+TRL's engine loads real weights (no load_format) inside the training process
+(`distributed_executor_backend="external_launcher"`) and refits them: the CPU fix's default (`refit`) covers such
+engines, no setting needed. TRL refits before each generation: after the last step the engine is
 one update behind until `sync_weights()`, which the script calls.
 """
 
@@ -34,10 +35,9 @@ pytestmark = [
 
 RECIPE = "grpo-deepscaler-1.5b-8K"
 BIN = os.path.dirname(sys.executable)
-# The CPU fix for engines loaded with real weights, as TRL's are; vLLM's CI switch skips the slow inductor compile of a
-# non-eager engine; TRL sets VLLM_LOGGING_LEVEL=ERROR unless it is set: INFO shows vLLM's engine config.
+# vLLM's CI switch skips the slow inductor compile of a non-eager engine; TRL sets VLLM_LOGGING_LEVEL=ERROR unless it
+# is set: INFO shows vLLM's engine config.
 ENV = {
-    "NRL_SHIM_CPU_LIVE_WEIGHTS": "always",
     "VLLM_CPU_CI_ENV": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
     "HF_HUB_OFFLINE": "1",
@@ -46,7 +46,8 @@ ENV = {
 REFIT_ERROR = "AttributeError: 'Parameter' object has no attribute 'weight_loader'"
 EAGER_LINE = f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}: False -> True"
 CPU_REFIT_LINE = (
-    "[vllm-cpu-refit] vLLM CPU build: linear layers of every model (NRL_SHIM_CPU_LIVE_WEIGHTS=always): "
+    "[vllm-cpu-refit] vLLM CPU build: linear layers of an in-process engine "
+    "(distributed_executor_backend='external_launcher'): "
     "'packed kernel copy (weight parameter dropped)' -> 'live weight (torch.nn.functional.linear)'"
 )
 # The engine is bf16 (TRL's dtype="auto" on a float32 checkpoint, on a CPU); the policy is compared in bf16 too.

