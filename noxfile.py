@@ -64,7 +64,15 @@ def matrix(session: nox.Session, vllm: str) -> None:
     """Whole test suite against one pinned vLLM release. Two pytest workers, one file each at a time: these tests spend
     their time importing vLLM and torch in child interpreters (one core each), so two run side by side on two cores."""
     _install(session, vllm)
-    session.run("python", "-m", "pytest", *(session.posargs or ["-q", *MATRIX_WORKERS, "--durations=15", "tests"]))
+    # PYTHONPATH: pytest-xdist's workers import the installed nrl_shim before pytest puts the checkout on sys.path;
+    # the checkout is the copy under test (tests/conftest.py's SOURCE_ROOT), in every worker too.
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", *MATRIX_WORKERS, "--durations=15", "tests"]),
+        env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+    )
 
 
 # vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that
