@@ -62,6 +62,52 @@ def run_child_json(name, *args, env=None, **kw):
     return _last_json(proc), proc
 
 
+def last_json_object(stdout):
+    """The last line of `stdout` that starts with a JSON object, read up to that object's end: vLLM's processes log to
+    the same stdout, also at exit, and a line of theirs can land right after the result without a newline."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise AssertionError(f"no JSON result on stdout:\n{stdout[-3000:]}")
+    return json.JSONDecoder().raw_decode(lines[-1])[0]
+
+
+def run_tree(args, env=None, cwd=None, timeout=600):
+    """Run `python *args` (environment child_env(env)) for a child that prints a JSON object as its result; return
+    (that object, CompletedProcess). It must exit 0. On timeout it kills the child and every process it started
+    (engine core, workers, stopped ones too) and fails the test with both outputs."""
+    argv = [sys.executable, *map(str, args)]
+    proc = subprocess.Popen(
+        argv, env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import signal
+
+        import psutil  # a dependency of Ray and vLLM, which every such child runs
+
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                child.send_signal(
+                    signal.SIGCONT
+                )  # a stopped process can't die of SIGKILL until continued on some kernels
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"child hung (> {timeout} s): {args}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}")
+    assert proc.returncode == 0, f"child failed (rc={proc.returncode})\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}"
+    return last_json_object(stdout), subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def run_case(program, case, tmp_path, env=None, timeout=600, name="case"):
+    """Write `case` to <tmp_path>/<name>.json and run_tree(program, that file) in tmp_path."""
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(case))
+    return run_tree([program, path], env=env, cwd=tmp_path, timeout=timeout)
+
+
 # The fast loop (`nox -s unit`) runs without vLLM, torch, transformers or Ray. A test whose own code imports one of them
 # (often in the child program it runs) is skipped there, naming the library, instead of failing. A test's code is its
 # source plus the child programs it names (a string literal that names a file in tests/children, as in

@@ -12,16 +12,12 @@ transformers (float32) is the reference: its greedy tokens, and its logprob of e
 without the shim must fail if the bug does not reproduce: the others would then prove nothing.
 """
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 from packaging.version import Version
 
-from conftest import CHILDREN_DIR, child_env
+from conftest import child_path, run_case
 from vllm_helpers import INSTALLED_VLLM, reported_names
 
 AFFECTED_BUILD = (
@@ -65,18 +61,7 @@ def models(tmp_path_factory):
 def run_engine(tmp_path, model, engine, env, **case):
     """One engine in a fresh interpreter (activation from `env`, as in a job); its JSON result and process."""
     spec = {"model": model, "dtype": ENGINES[engine]["dtype"], "prompts": PROMPTS, "max_tokens": MAX_TOKENS, **case}
-    path = tmp_path / f"case-{engine}.json"
-    path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(CHILDREN_DIR, "affected_engine.py"), str(path)],
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+    return run_case(child_path("affected_engine"), spec, tmp_path, env, timeout=900, name=f"case-{engine}")
 
 
 def logprob_gaps(out):

@@ -17,13 +17,10 @@ Every child runs under a hard timeout (a hang fails the test); its whole process
 """
 
 import json
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from conftest import child_env, child_path
+from conftest import child_path, run_tree
 from vllm_helpers import REAL_ENGINE, reported_names
 
 pytestmark = REAL_ENGINE
@@ -31,34 +28,6 @@ STALL_TIMEOUT = 4.0  # NRL_VLLM_ASYNC_TIMEOUT_SECONDS while the engine is stoppe
 LOAD_TIMEOUT = "30"  # ... during the load phases: on, and far above any wait a healthy engine makes here
 BOUND = STALL_TIMEOUT + 3.0  # each stream must have ended by then after the fault
 LOAD_STREAMS = 400
-
-
-def run_tree(args, env, cwd, timeout):
-    """Run a child program; on timeout kill it and every process it started (engine core, workers) and fail."""
-    import psutil
-
-    proc = subprocess.Popen(
-        [sys.executable, *args], env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        for p in tree:
-            try:
-                p.send_signal(signal.SIGCONT)  # a stopped process can't die of SIGKILL until continued on some kernels
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        proc.kill()
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"child hung (> {timeout} s): {args}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    # vLLM's processes log to the same stdout, also at exit, and a line of theirs can land right after the result
-    # without a newline: the result is the last line that starts with a JSON object, read up to that object's end.
-    (line,) = [line for line in stdout.splitlines() if line.startswith("{")][-1:]
-    result, _end = json.JSONDecoder().raw_decode(line)
-    return result, stderr
 
 
 @pytest.fixture(scope="module")

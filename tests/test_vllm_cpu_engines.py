@@ -4,14 +4,11 @@ Tiny Gemma-3 and Llama checkpoints are written by transformers with random weigh
 the reference. Each scenario runs in a fresh interpreter whose activation comes from its environment, as in a job.
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import child_env
+from conftest import run_case
 from vllm_helpers import REAL_ENGINE, run_main_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,19 +29,8 @@ def models(tmp_path_factory):
     return out
 
 
-def run_case(tmp_path, case, env):
-    path = tmp_path / "case.json"
-    path.write_text(json.dumps(case))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "vllm_engine_child.py"), str(path)],
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+def run_engine_case(tmp_path, case, env):
+    return run_case(os.path.join(HERE, "vllm_engine_child.py"), case, tmp_path, env)
 
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "llama"])
@@ -53,7 +39,7 @@ def test_dummy_load_under_the_shim_then_refit(kind, models, tmp_path):
 
     model = models[kind]
     case = {"kind": "llm", "model": model["dir"], "load_format": "dummy", "prompts": PROMPTS, "max_tokens": MAX_TOKENS}
-    out, proc = run_case(tmp_path, case, {"NRL_SHIM": "1"})
+    out, proc = run_engine_case(tmp_path, case, {"NRL_SHIM": "1"})
     if kind == "gemma3_text":
         # The fix: real weights from the start, so generation before any refit is already the model's own.
         assert out["load_format"] == "auto"
@@ -75,7 +61,7 @@ def test_gemma_dummy_load_without_the_shim_stays_dummy(models, tmp_path):
         "prompts": [[5, 17, 42, 7]],
         "max_tokens": MAX_TOKENS,
     }
-    out, _ = run_case(tmp_path, case, {"NRL_SHIM": "0"})
+    out, _ = run_engine_case(tmp_path, case, {"NRL_SHIM": "0"})
     assert out["load_format"] == "dummy"
     assert out["before"] != model["reference"][:1]
 
@@ -83,7 +69,7 @@ def test_gemma_dummy_load_without_the_shim_stays_dummy(models, tmp_path):
 def test_async_streams_time_out_abort_and_the_engine_recovers(models, tmp_path):
     # A timeout far below the first-token latency: every stream must end in the shim's timeout error.
     case = {"kind": "async", "mode": "timeout", "model": models["llama"]["dir"], "max_tokens": MAX_TOKENS}
-    out, _ = run_case(tmp_path, case, {"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "0.001"})
+    out, _ = run_engine_case(tmp_path, case, {"NRL_SHIM": "1", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS": "0.001"})
     assert out["shim_active"] is True
     assert len(out["streams"]) == 8
     for stream in out["streams"]:
@@ -96,7 +82,7 @@ def test_async_streams_time_out_abort_and_the_engine_recovers(models, tmp_path):
 def test_async_streams_complete_and_one_cancelled_leaves_the_others(models, tmp_path):
     reference = models["llama"]["reference"]
     case = {"kind": "async", "mode": "default", "model": models["llama"]["dir"], "max_tokens": MAX_TOKENS}
-    out, _ = run_case(tmp_path, case, {"NRL_SHIM": "1"})
+    out, _ = run_engine_case(tmp_path, case, {"NRL_SHIM": "1"})
     assert out["shim_active"] is True
     assert out["with_shim"] == reference
     assert out["without_shim"] == out["with_shim"]
