@@ -53,6 +53,15 @@ def changed(quirk_id: str, what: str, before: object, after: object, why: str) -
     logger().info("[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
 
 
+def unchanged(quirk_id: str, what: str, why: str) -> None:
+    """Log once per process that a fix looked at `what` and left it as it is."""
+    key = (quirk_id, "unchanged", what)
+    if key in _seen:
+        return
+    _seen.add(key)
+    logger().info("[%s] %s: nothing to change (%s)", quirk_id, what, why)
+
+
 def warn_once(quirk_id: str, key: str, message: str) -> None:
     """Log one warning, once per process for the same (quirk, key)."""
     marker = (quirk_id, "warning", key)

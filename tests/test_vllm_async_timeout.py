@@ -144,3 +144,46 @@ def test_pass_through_without_a_request_id():
     assert call(object(), ("p", "sp"), {"request_id": "rid"}) == "bounded"
     assert call(object(), ("p",), {}) == "original"  # vLLM itself reports the missing argument
     assert call(None, ("p", "sp", "rid"), {}) == "original"
+
+
+@pytest.mark.parametrize(
+    "module_name, source, stands_down",
+    [
+        # NeMo RL HEAD: its driver bounds rollouts with the same variable (vllm_generation.py, next to the worker).
+        ("nemo_rl.models.generation.vllm.vllm_worker_async", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS", True),
+        # A NeMo RL whose worker and driver read no such variable: the shim's bound is the only one.
+        ("nemo_rl.models.generation.vllm.vllm_worker_async", "no timeout here", False),
+        # Anyone else (verl, a user's script) keeps the bound, whatever their files say.
+        ("verl.workers.rollout.vllm_rollout.vllm_async_server", "NRL_VLLM_ASYNC_TIMEOUT_SECONDS", False),
+    ],
+)
+def test_stands_down_only_for_a_nemo_rl_worker_that_bounds_rollouts_itself(
+    tmp_path, monkeypatch, module_name, source, stands_down
+):
+    import types
+
+    worker = tmp_path / "vllm_worker_async.py"
+    worker.write_text("# the async worker\n")
+    (tmp_path / "vllm_generation.py").write_text(f"timeout = os.environ.get({source!r})\n")
+    module = types.ModuleType(module_name)
+    module.__file__ = str(worker)
+    monkeypatch.setitem(sys.modules, module_name, module)
+    monkeypatch.setattr(quirk, "_nemo_rl_bounds", {})
+    assert quirk._nemo_rl_bounds_it(module_name) is stands_down
+
+
+def test_the_caller_is_found_past_the_shims_own_frames():
+    # The real path: NeMo RL's worker -> wrapt / nrl_shim.patching layers -> _generate_wrapper -> _caller_module.
+    def namespace(name, **names):
+        return {"__name__": name, **names}
+
+    wrapper = namespace("nrl_shim.quirks.vllm_async_timeout", quirk=quirk)
+    exec("def generate_wrapper():\n    return quirk._caller_module()\n", wrapper)
+    layer = namespace("nrl_shim.patching", generate_wrapper=wrapper["generate_wrapper"])
+    exec("def call():\n    return generate_wrapper()\n", layer)
+    shim_wrapt = namespace("wrapt.wrappers", call=layer["call"])
+    exec("def call():\n    return call_layer()\n", shim_wrapt)
+    shim_wrapt["call_layer"] = layer["call"]
+    worker = namespace("nemo_rl.models.generation.vllm.vllm_worker_async", call=shim_wrapt["call"])
+    exec("def generate():\n    return call()\n", worker)
+    assert worker["generate"]() == "nemo_rl.models.generation.vllm.vllm_worker_async"

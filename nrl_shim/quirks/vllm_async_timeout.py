@@ -6,8 +6,13 @@ Cost: NeMo RL wraps every item in asyncio.wait_for (a task and a timer per item)
 is re-armed lazily: each item only stores a deadline; the timer, when it fires, moves itself to the latest deadline,
 and cancels the waiting task only when the stream really stalled (as asyncio.timeout does), which we turn into the
 timeout error.
+
+Idle under NeMo RL's own async worker when that NeMo RL bounds rollouts itself (HEAD: on its driver, with the same
+variable, after a sample finished): a second, in-actor bound would fire first and change its behaviour (its handler
+rewrites our error and drops the sample). The call is left alone and one INFO line says so.
 """
 
+import sys
 import time
 
 from ..settings import Variable, parse_seconds
@@ -16,6 +21,7 @@ from . import VLLM
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
     import asyncio
+    import types
 
 ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
@@ -130,8 +136,57 @@ async def bounded(stream, engine, request_id, timeout):
         await stream.aclose()
 
 
+# NeMo RL's own async vLLM worker. NeMo RL HEAD (7ea279abf) bounds its rollouts itself with this same variable, on its
+# driver (VllmGeneration._generate_on_shard: asyncio.wait_for on the Ray ref of the shard's result), and leaves the
+# engine stream unbounded; a second, in-actor bound would fire first and change NeMo RL's behaviour.
+_NEMO_RL_WORKERS = ("nemo_rl.models.generation.vllm.vllm_worker_async",)
+_nemo_rl_bounds: "dict[str, bool]" = {}  # caller module name -> whether its NeMo RL reads NRL_VLLM_ASYNC_TIMEOUT_SECONDS
+
+
+def _caller_module():
+    """Name of the module that called AsyncLLM.generate (wrapt's and our own frames skipped)."""
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith("wrapt") or name.startswith("nrl_shim")):
+            return name
+        frame = frame.f_back
+    return None
+
+
+def _nemo_rl_bounds_it(module_name):
+    """True when `module_name` is NeMo RL's async vLLM worker and that NeMo RL reads NRL_VLLM_ASYNC_TIMEOUT_SECONDS
+    itself (in the worker, or on the driver in vllm_generation.py next to it): read once per process."""
+    if module_name not in _NEMO_RL_WORKERS:
+        return False
+    if module_name not in _nemo_rl_bounds:
+        import os
+
+        found = False
+        path = getattr(sys.modules.get(module_name), "__file__", None)
+        if path:
+            for candidate in (path, os.path.join(os.path.dirname(path), "vllm_generation.py")):
+                try:
+                    with open(candidate, encoding="utf-8") as f:
+                        found = found or "NRL_VLLM_ASYNC_TIMEOUT_SECONDS" in f.read()
+                except OSError:
+                    pass
+        _nemo_rl_bounds[module_name] = found
+    return _nemo_rl_bounds[module_name]
+
+
 def _generate_wrapper(wrapped, instance, args, kwargs, current):
     if instance is None:
+        return wrapped(*args, **kwargs)
+    caller = _caller_module()
+    if _nemo_rl_bounds_it(caller):
+        from .. import report
+
+        report.unchanged(
+            ID,
+            f"AsyncLLM.generate called by {caller}",
+            "NeMo RL applies NRL_VLLM_ASYNC_TIMEOUT_SECONDS itself, on its driver; no second bound here",
+        )
         return wrapped(*args, **kwargs)
     if "request_id" in kwargs:
         request_id = kwargs["request_id"]
