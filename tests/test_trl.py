@@ -30,7 +30,10 @@ from vllm_helpers import REAL_ENGINE
 
 pytestmark = [
     *REAL_ENGINE,
-    pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (TRL 1.16.0), not installed here; `nox -s frameworks` runs it"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("trl") is None,
+        reason="needs trl (TRL 1.16.0), not installed here; `nox -s frameworks` runs it",
+    ),
 ]
 
 RECIPE = "grpo-deepscaler-1.5b-8K"
