@@ -207,7 +207,7 @@ def run_driver(directory, cluster, model, shim):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # ~2 min on a quiet 2-core machine; a fresh venv compiles its bytecode on first import
         cwd=directory,  # outside the repository
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
