@@ -22,11 +22,11 @@ tests/nemo_rl_stubs (their docstring says what each does and why).
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+from nemo_rl_helpers import nemo_rl_source, one_gpu_cluster, reference_tokens
 from packaging.version import Version
 
 from conftest import CHILDREN_DIR, child_env
@@ -35,7 +35,6 @@ from vllm_helpers import INSTALLED_VLLM
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMIT = "f963d9b1b9d3674618e5ec714a6677a121a26e5c"
 SOURCE_VARIABLE = "NRL_SHIM_NEMO_RL_F963D9B1B"
-DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "nemo-rl", "f963d9b1b")
 STUBS = os.path.join(HERE, "nemo_rl_stubs")
 WORKER_PYTHON = os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON")
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
@@ -47,27 +46,7 @@ AFFECTED_BUILD = (
 )
 
 
-def nemo_rl_source():
-    """(directory, None) when NeMo RL f963d9b1b is there, else (None, why not)."""
-    given = os.environ.get(SOURCE_VARIABLE)
-    directory = given or DEFAULT_SOURCE
-    how = f"{SOURCE_VARIABLE}={given}" if given else f"{SOURCE_VARIABLE} is not set and {DEFAULT_SOURCE}"
-    if not os.path.isfile(os.path.join(directory, "nemo_rl", "models", "generation", "vllm.py")):
-        return None, (
-            f"needs NeMo RL's source at commit {COMMIT[:9]} ({how} holds no nemo_rl/models/generation/vllm.py): "
-            f"`git clone https://github.com/NVIDIA-NeMo/RL && git -C RL checkout {COMMIT}`, then set {SOURCE_VARIABLE}"
-        )
-    if os.path.isdir(os.path.join(directory, ".git")):
-        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True)
-        if head.stdout.strip() != COMMIT:
-            return None, (
-                f"{how}: the clone is at {head.stdout.strip() or head.stderr.strip()!r}, not NeMo RL {COMMIT}: "
-                f"`git -C {directory} checkout {COMMIT}`"
-            )
-    return directory, None
-
-
-SOURCE, MISSING_SOURCE = nemo_rl_source()
+SOURCE, MISSING_SOURCE = nemo_rl_source(COMMIT, SOURCE_VARIABLE, "nemo_rl/models/generation/vllm.py")
 pytestmark = [
     pytest.mark.real_engine,
     pytest.mark.ray_cluster,
@@ -106,25 +85,13 @@ def model(tmp_path_factory):
 def reference(model):
     """transformers' greedy tokens, cut after the first stop token as NeMo RL's generation stops (its config's
     stop_token_ids: the tokenizer's eos)."""
-    from transformers import AutoTokenizer
-
-    from tiny_models import greedy_tokens
-
-    eos = AutoTokenizer.from_pretrained(model).eos_token_id
-    return [
-        tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
-        for tokens in greedy_tokens(model, PROMPTS, MAX_NEW_TOKENS)
-    ]
+    return reference_tokens(model, PROMPTS, MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray_cluster import SeparateCluster
-
-    # One logical GPU for NeMo RL's GPU placement group (nothing uses CUDA); the driver's CPU and the actor's.
-    with SeparateCluster(num_cpus=2, env={"RAY_OVERRIDE_RESOURCES": json.dumps({"GPU": 1})}) as running:
+    with one_gpu_cluster() as running:
         yield running
-    shutil.rmtree(running.temp_dir, ignore_errors=True)  # its own temp dir (sessions, logs); stopped by now
 
 
 def run_driver(tmp_path, cluster, model, shim):

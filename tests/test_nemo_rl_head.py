@@ -53,11 +53,11 @@ import glob
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+from nemo_rl_helpers import nemo_rl_source, one_gpu_cluster, reference_tokens
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -67,7 +67,6 @@ from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 SOURCE_VARIABLE = "NRL_SHIM_NEMO_RL_7EA279ABF"
-DEFAULT_SOURCE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "nemo-rl", "7ea279abf")
 STUBS = os.path.join(HERE, "nemo_rl_head_stubs")
 WORKER_PYTHON = os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON")
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
@@ -92,28 +91,7 @@ SHIM_HOOKS = {  # (quirk, module) the shim patches in each actor: it was there a
 }
 
 
-def nemo_rl_source():
-    """(directory, None) when NeMo RL 7ea279abf is there, else (None, why not)."""
-    given = os.environ.get(SOURCE_VARIABLE)
-    directory = given or DEFAULT_SOURCE
-    how = f"{SOURCE_VARIABLE}={given}" if given else f"{SOURCE_VARIABLE} is not set and {DEFAULT_SOURCE}"
-    worker = os.path.join("nemo_rl", "models", "generation", "vllm", "vllm_worker_async.py")
-    if not os.path.isfile(os.path.join(directory, worker)):
-        return None, (
-            f"needs NeMo RL's source at commit {COMMIT[:9]} ({how} holds no {worker}): "
-            f"`git clone https://github.com/NVIDIA-NeMo/RL && git -C RL checkout {COMMIT}`, then set {SOURCE_VARIABLE}"
-        )
-    if os.path.isdir(os.path.join(directory, ".git")):
-        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True)
-        if head.stdout.strip() != COMMIT:
-            return None, (
-                f"{how}: the clone is at {head.stdout.strip() or head.stderr.strip()!r}, not NeMo RL {COMMIT}: "
-                f"`git -C {directory} checkout {COMMIT}`"
-            )
-    return directory, None
-
-
-SOURCE, MISSING_SOURCE = nemo_rl_source()
+SOURCE, MISSING_SOURCE = nemo_rl_source(COMMIT, SOURCE_VARIABLE, "nemo_rl/models/generation/vllm/vllm_worker_async.py")
 # What NeMo RL HEAD imports at module level, besides vLLM, torch, transformers and Ray (noxfile.py: NEMO_RL_HEAD).
 IMPORTED = ("pynvml", "rich", "omegaconf", "hydra", "colored", "datasets", "torchdata", "wandb", "zmq", "zstandard")
 _missing = [name for name in IMPORTED if importlib.util.find_spec(name) is None]
@@ -159,25 +137,13 @@ def model(tmp_path_factory):
 def reference(model):
     """transformers' greedy tokens (float32), cut after the first stop token as NeMo RL's generation stops (its
     config's stop_token_ids: the tokenizer's eos)."""
-    from transformers import AutoTokenizer
-
-    from tiny_models import greedy_tokens
-
-    eos = AutoTokenizer.from_pretrained(model).eos_token_id
-    return [
-        tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
-        for tokens in greedy_tokens(model, PROMPTS, MAX_NEW_TOKENS)
-    ]
+    return reference_tokens(model, PROMPTS, MAX_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray_cluster import SeparateCluster
-
-    # One logical GPU for NeMo RL's GPU placement group and `ray.get_gpu_ids()` (nothing uses CUDA).
-    with SeparateCluster(num_cpus=2, env={"RAY_OVERRIDE_RESOURCES": json.dumps({"GPU": 1})}) as running:
+    with one_gpu_cluster() as running:
         yield running
-    shutil.rmtree(running.temp_dir, ignore_errors=True)  # its own temp dir (sessions, logs); stopped by now
 
 
 def run_driver(directory, cluster, model, shim):
