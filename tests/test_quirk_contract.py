@@ -31,6 +31,8 @@ def run_child(quirk_id, order):
 
 
 def applicable(quirk):
+    if not quirk.targets:
+        pytest.skip(f"{quirk.id}: no targets, it acts through setup() (test_setup_is_undone_by_teardown)")
     applies, _version, reason = quirk.gate()
     if not applies:
         pytest.skip(f"{quirk.id}: {reason}")
@@ -60,6 +62,18 @@ def test_targets_imported_after_activation(quirk):
     assert all(count == 1 for count in out["layers"].values()), out["layers"]
 
 
+SET_UP = [q for q in QUIRKS if q.setup_argv is not None]
+
+
+@pytest.mark.parametrize("quirk", SET_UP, ids=[q.id for q in SET_UP])
+def test_setup_is_undone_by_teardown(quirk):
+    # Whatever setup() installs at activation (import-system entries, exported variables) is there once however often
+    # activation runs, and deactivation takes it away again.
+    out = run_child(quirk.id, "setup")
+    assert out["once"], out
+    assert out["restored"], out
+
+
 def test_every_quirk_module_is_registered_and_has_a_test_module():
     package = Path(SOURCE_ROOT) / "nrl_shim" / "quirks"
     modules = {f"nrl_shim.quirks.{p.stem}" for p in package.glob("*.py") if not p.stem.startswith("_")}
@@ -72,7 +86,8 @@ def test_every_quirk_module_is_registered_and_has_a_test_module():
 def test_every_quirk_declares_what_the_core_and_the_docs_need():
     for quirk in QUIRKS:
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", quirk.id), quirk.id
-        assert quirk.summary and quirk.link.startswith("https://") and quirk.targets
+        assert quirk.summary and quirk.link.startswith("https://")
+        assert quirk.targets or quirk.setup_argv is not None, f"{quirk.id}: no targets and no setup(): it does nothing"
         assert quirk.library and quirk.versions
         for variable in quirk.settings:
             assert variable.name.startswith("NRL_") and variable.accepted and variable.meaning
