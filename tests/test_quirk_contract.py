@@ -93,14 +93,28 @@ def test_every_quirk_declares_what_the_core_and_the_docs_need():
             assert variable.name.startswith("NRL_") and variable.accepted and variable.meaning
 
 
-def test_readme_tables_are_the_declarations():
-    readme = (Path(SOURCE_ROOT) / "README.md").read_text()
-    from nrl_shim.docs import markdown_tables
+def test_docs_tables_are_the_declarations():
+    # The generated tables (quirks in README.md, variables in docs/settings.md) are exactly what the declarations give.
+    from nrl_shim.docs import GENERATED, generated_blocks
 
-    for line in markdown_tables().splitlines():
-        assert line in readme, (
-            f"README.md is out of date; missing line:\n{line}\n(print them: see nrl_shim.docs.markdown_tables)"
-        )
+    for name, blocks in GENERATED.items():
+        found = generated_blocks((Path(SOURCE_ROOT) / name).read_text())
+        for block, make in blocks.items():
+            assert found.get(block) == make() + "\n", (
+                f"{name}: the generated table {block!r} is out of date: run `python -m nrl_shim.docs`"
+            )
+
+
+def test_docs_generation_rewrites_only_the_blocks(tmp_path):
+    from nrl_shim.docs import render
+
+    text = "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\nold\n<!-- end generated -->\n\nkept\n"
+    out = render(text, {"quirks": lambda: "| new |"})
+    assert (
+        out == "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\n| new |\n<!-- end generated -->\n\nkept\n"
+    )
+    with pytest.raises(ValueError, match="no markers"):
+        render("no markers here", {"quirks": lambda: "x"})
 
 
 def test_variables_are_declared_once():
