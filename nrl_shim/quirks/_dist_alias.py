@@ -1,15 +1,14 @@
-"""vllm-dist-alias's lookup (see that module): imported at the first lookup by name of `vllm`, not at start-up."""
+"""vllm-dist-alias's lookup (see that module): imported at the first lookup by name of `vllm`, not at start-up. It
+gets the quirk's declarations and state as arguments (no import back: dependencies point one way)."""
 
 import sys
-
-from .vllm_dist_alias import ID, LINK, VERSIONS, VllmAliasFinder, _State
 
 
 def _others_find(finder, context):
     """Whether another finder knows a distribution named like the context asks (a real or copied `vllm`)."""
     for other in sys.meta_path:
         find = getattr(other, "find_distributions", None)
-        if other is finder or isinstance(other, VllmAliasFinder) or find is None:
+        if other is finder or isinstance(other, type(finder)) or find is None:
             continue
         if next(iter(find(context)), None) is not None:
             return True
@@ -24,28 +23,29 @@ def alias_version(distribution, version):
     return version
 
 
-def _provider():
+def _provider(state):
     """(distribution, alias version) for the distribution that provides the importable `vllm` package, or ("", why)."""
-    if _State.answer is None:
+    if state.answer is None:
         from ..libraries import find
 
         found = find("vllm")
         if found.version is None or found.distribution is None:
-            _State.answer = ("", "no distribution provides an importable `vllm` package")
+            state.answer = ("", "no distribution provides an importable `vllm` package")
         elif found.distribution.lower() == "vllm":
-            _State.answer = ("", "a distribution named vllm provides it")
+            state.answer = ("", "a distribution named vllm provides it")
         else:
-            _State.answer = (found.distribution, alias_version(found.distribution, found.version), found)
-    return _State.answer
+            state.answer = (found.distribution, alias_version(found.distribution, found.version), found)
+    return state.answer
 
 
-def answer(finder, context):
+def answer(finder, context, state, quirk_id, link, versions):
+    """The alias for a lookup by name of `vllm` (a list of one distribution), or [] (see vllm_dist_alias)."""
     from .. import report
 
     if _others_find(finder, context):
-        report.unchanged(ID, "importlib.metadata `vllm`", "a distribution named vllm is installed")
+        report.unchanged(quirk_id, "importlib.metadata `vllm`", "a distribution named vllm is installed")
         return []
-    provider = _provider()
+    provider = _provider(state)
     if not provider[0]:
         return []
     distribution, version, found = provider
@@ -53,16 +53,18 @@ def answer(finder, context):
     from packaging.version import InvalidVersion, Version
 
     try:
-        applies = SpecifierSet(VERSIONS).contains(Version(found.version), prereleases=True)
+        applies = SpecifierSet(versions).contains(Version(found.version), prereleases=True)
     except InvalidVersion:
         applies = False
     if not applies:
-        message = f"[{ID}] fix skipped: {found.describe()} is outside the supported range {VERSIONS}"
-        if _State.settings is not None and _State.settings.strict:
+        message = f"[{quirk_id}] fix skipped: {found.describe()} is outside the supported range {versions}"
+        if state.settings is not None and state.settings.strict:
             from ..errors import QuirkSkippedError
 
-            raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={ID})")
-        report.warn_once(ID, "range", message)
+            raise QuirkSkippedError(
+                f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk_id})"
+            )
+        report.warn_once(quirk_id, "range", message)
         return []
     from importlib.metadata import Distribution
 
@@ -70,17 +72,17 @@ def answer(finder, context):
     if real is None:
         return []  # not in the paths this lookup searches
     report.changed(
-        ID,
+        quirk_id,
         "importlib.metadata `vllm`",
         "PackageNotFoundError",
         f"distribution {distribution} as version {version}",
-        f"vLLM is installed as {distribution}; vLLM's CLI and verl ask for `vllm`; {LINK}",
+        f"vLLM is installed as {distribution}; vLLM's CLI and verl ask for `vllm`; {link}",
     )
-    return [_alias_class()(real, version)]
+    return [_alias_class(state, quirk_id)(real, version)]
 
 
-def _alias_class():
-    if _State.alias_class is None:
+def _alias_class(state, quirk_id):
+    if state.alias_class is None:
         from importlib.metadata import Distribution
 
         class VllmAlias(Distribution):
@@ -101,10 +103,10 @@ def _alias_class():
                 return self.real.locate_file(path)
 
             def __repr__(self):
-                return f"<{self.real.metadata['Name']} {self.alias_version} answering for vllm (nrl_shim {ID})>"
+                return f"<{self.real.metadata['Name']} {self.alias_version} answering for vllm (nrl_shim {quirk_id})>"
 
-        _State.alias_class = VllmAlias
-    return _State.alias_class
+        state.alias_class = VllmAlias
+    return state.alias_class
 
 
 def _with_version(text, version):

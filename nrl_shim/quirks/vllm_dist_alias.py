@@ -60,7 +60,7 @@ class VllmAliasFinder:
         try:
             from ._dist_alias import answer  # the lookup itself: not on the start-up path
 
-            return answer(self, context)
+            return answer(self, context, _State, ID, LINK, VERSIONS)
         finally:
             _State.busy.discard(thread)
 
