@@ -80,7 +80,9 @@ def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
 
 def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
     """Rewrite the generated tables of the docs in a checkout (nothing in an installed package); the files changed."""
-    changed = []
+    changed: list[str] = []
+    if not (root / "pyproject.toml").is_file():
+        return changed  # an installed copy: its parent directory is site-packages, not a checkout
     for name, blocks in GENERATED.items():
         path = root / name
         if not path.is_file():
