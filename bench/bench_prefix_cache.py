@@ -62,7 +62,7 @@ def run(args):
     prompts = [{"prompt_token_ids": [(p * 131 + i * 7) % 500 + 3 for i in range(args.prompt_len)]} for p in range(args.prompts)]
     group = SamplingParams(n=args.samples, temperature=1.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
     first = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
-    times = {"fix": {"first": [], "tps": []}, "by hand": {"first": [], "tps": []}}
+    times = {way: {"first": [], "tps": [], "cached": []} for way in ("fix", "by hand")}
     steps = 2 + 2 * args.rounds
     for step in range(steps):
         way = "fix" if step % 2 == 0 else "by hand"
@@ -76,10 +76,15 @@ def run(args):
         outputs = llm.generate(prompts, group, use_tqdm=False)
         elapsed = time.perf_counter() - start
         tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        cached = sum(o.num_cached_tokens or 0 for o in outputs)  # the group's prompt blocks, computed after the refit
         if step >= 2:  # the first two are warm-up
             times[way]["first"].append(first_token)
             times[way]["tps"].append(tokens / elapsed)
-        say(f"step {step + 1}/{steps} ({way}): first token {first_token * 1000:.1f} ms, {tokens / elapsed:.0f} tokens/s")
+            times[way]["cached"].append(cached)
+        say(
+            f"step {step + 1}/{steps} ({way}): first token {first_token * 1000:.1f} ms, {tokens / elapsed:.0f} tokens/s,"
+            f" {cached} prompt tokens from the cache"
+        )
     fix, hand = ({k: statistics.median(v) for k, v in times[w].items()} for w in ("fix", "by hand"))
     print(f"workload: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens, prompt {args.prompt_len}")
     print(f"{'':24}{'fix':>12}{'by hand':>12}{'ratio':>8}")
@@ -88,6 +93,7 @@ def run(args):
         f"{'refit -> first token':24}{fix['first'] * 1000:10.1f}ms{hand['first'] * 1000:10.1f}ms"
         f"{fix['first'] / hand['first']:8.3f}"
     )
+    print(f"{'prompt tokens cached':24}{fix['cached']:12.0f}{hand['cached']:12.0f}")
     print(f"latency the fix adds over the caller's own reset: {(fix['first'] - hand['first']) * 1000:+.1f} ms")
 
 

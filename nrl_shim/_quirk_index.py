@@ -138,6 +138,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm_dist_alias",
+        "vllm-dist-alias",
+        (),
+        "",
+        (),
+    ),
+    (
         "nrl_shim.quirks.cp_attention_mask",
         "cp-attention-mask",
         (

@@ -49,6 +49,7 @@ QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_refit_guard",
     "nrl_shim.quirks.vllm_cpu_refit",
     "nrl_shim.quirks.vllm_prefix_cache_refit",
+    "nrl_shim.quirks.vllm_dist_alias",
     "nrl_shim.quirks.cp_attention_mask",
     "nrl_shim.quirks.cp_gemma3",
     "nrl_shim.quirks.cp_flash_attention",

@@ -31,6 +31,8 @@ def run_child(quirk_id, order):
 
 
 def applicable(quirk):
+    if not quirk.targets:
+        pytest.skip(f"{quirk.id}: no targets, it acts through setup() (test_setup_is_undone_by_teardown)")
     applies, _version, reason = quirk.gate()
     if not applies:
         pytest.skip(f"{quirk.id}: {reason}")
@@ -60,6 +62,18 @@ def test_targets_imported_after_activation(quirk):
     assert all(count == 1 for count in out["layers"].values()), out["layers"]
 
 
+SET_UP = [q for q in QUIRKS if q.setup_argv is not None]
+
+
+@pytest.mark.parametrize("quirk", SET_UP, ids=[q.id for q in SET_UP])
+def test_setup_is_undone_by_teardown(quirk):
+    # Whatever setup() installs at activation (import-system entries, exported variables) is there once however often
+    # activation runs, and deactivation takes it away again.
+    out = run_child(quirk.id, "setup")
+    assert out["once"], out
+    assert out["restored"], out
+
+
 def test_every_quirk_module_is_registered_and_has_a_test_module():
     package = Path(SOURCE_ROOT) / "nrl_shim" / "quirks"
     modules = {f"nrl_shim.quirks.{p.stem}" for p in package.glob("*.py") if not p.stem.startswith("_")}
@@ -72,20 +86,35 @@ def test_every_quirk_module_is_registered_and_has_a_test_module():
 def test_every_quirk_declares_what_the_core_and_the_docs_need():
     for quirk in QUIRKS:
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", quirk.id), quirk.id
-        assert quirk.summary and quirk.link.startswith("https://") and quirk.targets
+        assert quirk.summary and quirk.link.startswith("https://")
+        assert quirk.targets or quirk.setup_argv is not None, f"{quirk.id}: no targets and no setup(): it does nothing"
         assert quirk.library and quirk.versions
         for variable in quirk.settings:
             assert variable.name.startswith("NRL_") and variable.accepted and variable.meaning
 
 
-def test_readme_tables_are_the_declarations():
-    readme = (Path(SOURCE_ROOT) / "README.md").read_text()
-    from nrl_shim.docs import markdown_tables
+def test_docs_tables_are_the_declarations():
+    # The generated tables (quirks in README.md, variables in docs/settings.md) are exactly what the declarations give.
+    from nrl_shim.docs import GENERATED, generated_blocks
 
-    for line in markdown_tables().splitlines():
-        assert line in readme, (
-            f"README.md is out of date; missing line:\n{line}\n(print them: see nrl_shim.docs.markdown_tables)"
-        )
+    for name, blocks in GENERATED.items():
+        found = generated_blocks((Path(SOURCE_ROOT) / name).read_text())
+        for block, make in blocks.items():
+            assert found.get(block) == make() + "\n", (
+                f"{name}: the generated table {block!r} is out of date: run `python -m nrl_shim.docs`"
+            )
+
+
+def test_docs_generation_rewrites_only_the_blocks(tmp_path):
+    from nrl_shim.docs import render
+
+    text = "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\nold\n<!-- end generated -->\n\nkept\n"
+    out = render(text, {"quirks": lambda: "| new |"})
+    assert (
+        out == "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\n| new |\n<!-- end generated -->\n\nkept\n"
+    )
+    with pytest.raises(ValueError, match="no markers"):
+        render("no markers here", {"quirks": lambda: "x"})
 
 
 def test_variables_are_declared_once():

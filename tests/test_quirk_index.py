@@ -12,6 +12,8 @@ from conftest import SOURCE_ROOT, run_child_json
 
 # What activation imports at interpreter start-up, whatever the number of quirks.
 START_UP = ["nrl_shim", "nrl_shim._quirk_index", "nrl_shim.activation", "nrl_shim.registry", "nrl_shim.settings"]
+# vllm-dist-alias's setup() runs in every process: its finder must be there before anything asks for vLLM's metadata.
+START_UP += ["nrl_shim.quirks", "nrl_shim.quirks.vllm_dist_alias"]
 
 
 def test_index_file_is_generated_from_the_quirk_modules():
@@ -54,10 +56,10 @@ def test_activation_imports_only_the_quirk_modules_a_process_needs(tmp_path, arg
     assert active is True
     # vllm-eager-recipes' setup() reads the recipe from `--config`: its module (and the errors module, which it uses
     # to validate the name) loads only where the option is.
-    setup = ["nrl_shim.errors", "nrl_shim.quirks", "nrl_shim.quirks.vllm_eager_recipes"] if argv else []
+    setup = ["nrl_shim.errors", "nrl_shim.quirks.vllm_eager_recipes"] if argv else []
     assert at_activation == sorted(START_UP + setup)
     quirks_loaded = [name for name in after_import if name.startswith("nrl_shim.quirks.") and "._" not in name]
-    assert quirks_loaded == sorted(["nrl_shim.quirks.ray_propagate_env", *setup[2:]])
+    assert quirks_loaded == sorted(["nrl_shim.quirks.ray_propagate_env", "nrl_shim.quirks.vllm_dist_alias", *setup[1:]])
 
 
 def test_a_stale_index_falls_back_to_the_modules(monkeypatch):
