@@ -39,10 +39,11 @@ def say(message):
 def run(args):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core here: the loop refits the model directly
     sys.path.insert(0, TESTS)
-    from tiny_models import state_dict_items, write_model
     from vllm import LLM, SamplingParams
 
     from nrl_shim import activation
+
+    from tiny_models import state_dict_items, write_model
 
     assert activation.is_active(), "run through the script's entry (it sets NRL_SHIM=1)"
     root = tempfile.mkdtemp(prefix="bench-prefix-cache-")
@@ -59,7 +60,9 @@ def run(args):
         kv_cache_memory_bytes=512 << 20,
     )
     model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
-    prompts = [{"prompt_token_ids": [(p * 131 + i * 7) % 500 + 3 for i in range(args.prompt_len)]} for p in range(args.prompts)]
+    prompts = [
+        {"prompt_token_ids": [(p * 131 + i * 7) % 500 + 3 for i in range(args.prompt_len)]} for p in range(args.prompts)
+    ]
     group = SamplingParams(n=args.samples, temperature=1.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
     first = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
     times = {way: {"first": [], "tps": [], "cached": []} for way in ("fix", "by hand")}

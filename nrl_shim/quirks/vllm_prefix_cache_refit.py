@@ -84,7 +84,9 @@ def unpatch(module):
 
 
 def describe(settings, version):
-    return "after a refit: vLLM's prefix cache is reset before the next step; new prefix hits held while old requests run"
+    return (
+        "after a refit: vLLM's prefix cache is reset before the next step; new prefix hits held while old requests run"
+    )
 
 
 # --- where the refit lands: the process that holds the model ---
@@ -263,13 +265,12 @@ def _reset_wrapper(wrapped, instance, args, kwargs):
     if state is not None and not state.ours:
         state.absorb_local()
     ok = wrapped(*args, **kwargs)
-    if ok and state is not None:
-        if state.pending and not state.ours:
-            from .. import report
+    if ok and state is not None and state.pending and not state.ours:
+        from .. import report
 
-            report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
-            state.pending, state.held = None, False
-            instance.kv_cache_manager._nrl_shim_hold = False
+        report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
+        state.pending, state.held = None, False
+        instance.kv_cache_manager._nrl_shim_hold = False
     return ok
 
 

@@ -54,9 +54,8 @@ def rollout(output):
 def sync_case(case):
     import functools
 
-    from vllm import LLM
-
     from prefix_cache_refit import refit_model
+    from vllm import LLM
 
     if case["mode"] == "inproc":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -82,10 +81,9 @@ def sync_case(case):
 
 
 async def async_case(case):
+    from prefix_cache_refit import refit_worker
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
-
-    from prefix_cache_refit import refit_worker
 
     args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
     engine = AsyncLLM.from_engine_args(args)
