@@ -224,6 +224,10 @@ def _reset_or_hold(scheduler, state):
     if not scheduler.running:  # vLLM's reset refuses (and warns) while requests hold blocks: don't ask then
         state.ours = True
         try:
+            # reset_connector: an external KV store (LMCache, Mooncake) holds old-weights KV the same way (verl resets it
+            # too); releases before the argument have no connector reset to ask for.
+            ok = scheduler.reset_prefix_cache(reset_connector=True)
+        except TypeError:
             ok = scheduler.reset_prefix_cache()
         finally:
             state.ours = False
