@@ -91,7 +91,7 @@ def _sync_aliases():
         return
     current = real.context_parallel
     for name in _ALIASES:
-        alias: "Any" = sys.modules.get(name)  # a torch module: its names are not typed here
+        alias: Any = sys.modules.get(name)  # a torch module: its names are not typed here
         if alias is None or alias is real:
             continue
         held = getattr(alias, "context_parallel", None)
