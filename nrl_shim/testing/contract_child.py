@@ -1,4 +1,5 @@
-"""One quirk through the patcher contract, in a fresh interpreter: `python contract_child.py QUIRK_ID ORDER`.
+"""One quirk through the patcher contract, in a fresh interpreter: `python -m nrl_shim.testing.contract_child QUIRK_ID
+ORDER` (run by nrl_shim.testing.QuirkContract; a plugin quirk is found through its entry point or NRL_SHIM_PLUGINS).
 
 ORDER "before": targets imported before activation; then activate twice, deactivate, and the same with another
 tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. Prints one JSON
@@ -64,7 +65,7 @@ def pickles(obj):
         return f"{type(exc).__name__}: {exc}"
 
 
-def main():
+def main() -> None:
     quirk_id, order = sys.argv[1], sys.argv[2]
     quirk = registry.get(quirk_id)
     others = [q for q in registry.quirk_ids() if q != quirk_id]
