@@ -71,7 +71,7 @@ def main() -> None:
     others = [q for q in registry.quirk_ids() if q != quirk_id]
     settings = registry.load_settings({"NRL_SHIM_DISABLE": ",".join(others)})
     targets = [t for t in quirk.targets if importable(t)]
-    out = {"targets": targets}
+    out: dict = {"targets": targets}
     if order == "after":
         activation.activate(settings)
         modules = [importlib.import_module(t) for t in targets]
