@@ -91,11 +91,10 @@ def cache_dir() -> str:
 
 
 def cache_file(paths: "tuple[str, ...]") -> str:
-    # FNV-1a over the paths: hashlib/zlib are not worth importing here, and str hashes differ per process.
-    h = 0x811C9DC5
-    for ch in "\0".join(paths):
-        h = ((h ^ ord(ch)) * 0x01000193) & 0xFFFFFFFF
-    return os.path.join(cache_dir(), f"plugins-{sys.implementation.cache_tag}-{h:08x}.marshal")
+    # hashlib/zlib are not worth importing here and str hashes differ per process; a tuple of ints hashes the same in
+    # every process of one Python (the cache_tag in the name keeps Pythons apart), computed in C.
+    key = hash(tuple("\0".join(paths).encode("utf-8", "surrogateescape"))) & 0xFFFFFFFFFFFFFFFF
+    return os.path.join(cache_dir(), f"plugins-{sys.implementation.cache_tag}-{key:016x}.marshal")
 
 
 def scan(paths: "tuple[str, ...]") -> "tuple[Plugin, ...]":
