@@ -125,5 +125,20 @@ def _write(path: str, data: "tuple[int, tuple[str, ...], tuple[int, ...], tuple[
         with open(tmp, "wb") as f:
             marshal.dump(data, f)
         os.replace(tmp, path)
+        _prune(os.path.dirname(path))
     except OSError:
         pass  # a read-only home: correct, only slower (a scan at each start); NRL_SHIM_CACHE_DIR points elsewhere
+
+
+_KEEP = 64  # index files kept: one per distinct sys.path (each Ray job's workers have their own unpacked py_modules)
+
+
+def _prune(directory: str) -> None:
+    """Drop the least recently written index files beyond _KEEP (this runs only after a scan)."""
+    try:
+        files = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith("plugins-")]
+        if len(files) > _KEEP:
+            for old in sorted(files, key=_mtime)[: len(files) - _KEEP]:
+                os.remove(old)
+    except OSError:
+        pass  # another process pruned the same file first
