@@ -52,8 +52,13 @@ def discovered() -> "tuple[Plugin, ...]":
     stamp = tuple(_mtime(p) for p in paths)
     path = cache_file(paths)
     try:
-        with open(path, "rb") as f:
-            fmt, cached_paths, cached_stamp, found = marshal.load(f)
+        # os.open/os.read rather than open(): no io objects, no isatty/fstat calls; the file is a few hundred bytes.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+        fmt, cached_paths, cached_stamp, found = marshal.loads(data)
         if fmt == _FORMAT and cached_paths == paths and cached_stamp == stamp:
             return found
     except Exception:  # no cache yet, unreadable, another Python's marshal format, torn: scan
