@@ -57,6 +57,9 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
     `how` names the trigger in the DEBUG line that says the shim is active.
     """
     announce = False
+    # The registry first, outside _lock: reading it the first time imports the plugin quirk modules (see the locking
+    # rule below); a clash between plugins raises PluginError here.
+    registry.quirk_ids()
     with _lock:
         if not _State.active:
             announce = True
