@@ -44,8 +44,9 @@ def _install(session: nox.Session, vllm: str) -> None:
 
 @nox.session(python=["3.10", "3.11", "3.12", "3.13"], tags=["ci"])
 def unit(session: nox.Session) -> None:
-    """The fast loop: the suite without vLLM, torch, transformers or Ray (tests that need one skip, saying which)."""
-    session.install("pytest>=8", "hypothesis>=6")
+    """The fast loop: the suite without vLLM, torch, transformers or Ray (tests that need one skip, saying which).
+    pip: tests/test_vllm_dist_alias.py checks what pip lists and checks under NRL_SHIM=1."""
+    session.install("pytest>=8", "hypothesis>=6", "pip")
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     session.run("python", "-m", "pytest", *(session.posargs or ["-q", "tests"]))
 

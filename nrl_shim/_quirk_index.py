@@ -126,6 +126,25 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm_prefix_cache_refit",
+        "vllm-prefix-cache-refit",
+        (
+            "vllm.model_executor.model_loader.base_loader",
+            "vllm.v1.engine.core",
+            "vllm.v1.core.sched.scheduler",
+            "vllm.v1.core.kv_cache_manager",
+        ),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.vllm_dist_alias",
+        "vllm-dist-alias",
+        (),
+        "",
+        (),
+    ),
+    (
         "nrl_shim.quirks.cp_attention_mask",
         "cp-attention-mask",
         (

@@ -1,16 +1,18 @@
-"""What is generated from the quirks' declarations (not on the start-up path): README's variable and quirk tables, and
-nrl_shim/_quirk_index.py, what activation reads instead of importing every quirk module.
+"""What is generated from the quirks' declarations (not on the start-up path): the Markdown tables of the docs (the quirk
+table in README.md, the variable table in docs/settings.md) and nrl_shim/_quirk_index.py, what activation reads
+instead of importing every quirk module.
 
 The built-in quirks are the entry points of the group `nrl_shim.quirks` in pyproject.toml (read here with tomllib, so
-this runs from a source checkout). After adding or changing one: `python -m nrl_shim.docs` rewrites the index (tests
-fail while it is stale), and
-`python -c "from nrl_shim.docs import markdown_tables; print(markdown_tables())"` prints README's tables.
+the index is generated from a source checkout). After adding or changing a quirk or a setting: `python -m nrl_shim.docs`
+rewrites the index and, in a checkout, the tables between their markers (`<!-- generated: NAME -->` ...
+`<!-- end generated -->`); tests fail while any is stale. The tables list the built-ins only (plugins document theirs).
 """
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +54,72 @@ def _applies_to(quirk: Quirk) -> str:
     return ", ".join(ranges)
 
 
-def markdown_tables() -> str:
-    """README's variable and quirk tables, from the declarations (tests check README against this). After adding a
-    quirk or a setting: python -c "from nrl_shim.docs import markdown_tables; print(markdown_tables())"."""
+def variables_table() -> str:
+    """Every NRL_* variable (the core's, then each quirk's): docs/settings.md."""
     lines = ["| variable | values | default | meaning |", "|---|---|---|---|"]
     lines += [f"| `{v.name}` | {v.accepted} | {_default_text(v)} | {v.meaning} |" for v in builtin_variables()]
-    lines += ["", "| id | what | applies to | upstream |", "|---|---|---|---|"]
-    lines += [f"| `{q.id}` | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in builtin_quirks()]
     return "\n".join(lines)
+
+
+def quirks_table() -> str:
+    """Every registered quirk, each id linking to its section of docs/quirks.md: README.md."""
+    lines = ["| id | what | applies to | upstream |", "|---|---|---|---|"]
+    lines += [
+        f"| [`{q.id}`](docs/quirks.md#{q.id}) | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in builtin_quirks()
+    ]
+    return "\n".join(lines)
+
+
+def markdown_tables() -> str:
+    """Both tables, variables then quirks."""
+    return variables_table() + "\n\n" + quirks_table()
+
+
+# The generated blocks: file (relative to the checkout) -> {block name: its text}. Each block sits between
+# `<!-- generated: NAME (python -m nrl_shim.docs) -->` and `<!-- end generated -->`.
+GENERATED: dict[str, dict[str, Callable[[], str]]] = {
+    "README.md": {"quirks": quirks_table},
+    "docs/settings.md": {"variables": variables_table},
+}
+CHECKOUT = Path(__file__).resolve().parent.parent
+_BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) \(python -m nrl_shim\.docs\) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S
+)
+
+
+def generated_blocks(text: str) -> dict[str, str]:
+    """The generated blocks of a file's text: {name: body, without the markers}."""
+    return {m["name"]: m["body"] for m in _BLOCK.finditer(text)}
+
+
+def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """`text` with each of its generated blocks rewritten (a block the file lacks is an error: add its markers)."""
+    missing = set(blocks) - set(generated_blocks(text))
+    if missing:
+        raise ValueError(f"no markers for the generated block(s) {sorted(missing)}")
+
+    def body(match: re.Match[str]) -> str:
+        make = blocks.get(match["name"])
+        return match.group(0) if make is None else match.group(1) + make() + "\n" + match.group(4)
+
+    return _BLOCK.sub(body, text)
+
+
+def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
+    """Rewrite the generated tables of the docs in a checkout (nothing in an installed package); the files changed."""
+    changed: list[str] = []
+    if not (root / "pyproject.toml").is_file():
+        return changed  # an installed copy: its parent directory is site-packages, not a checkout
+    for name, blocks in GENERATED.items():
+        path = root / name
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        new = render(text, blocks)
+        if new != text:
+            path.write_text(new)
+            changed.append(name)
+    return changed
 
 
 # ------------------------------------------------------------------------------------------------- the quirk index
@@ -163,7 +223,10 @@ def quirk_index_source(modules: Iterable[str] | None = None) -> str:
 
 
 def write_quirk_index(path: Path = INDEX_PATH) -> bool:
-    """Rewrite the quirk index from the quirk modules; True when it changed."""
+    """Rewrite the quirk index from the quirk modules; True when it changed. Only in a checkout: the built-ins are
+    read from pyproject.toml, which an installed copy does not have (its index is the one it was built with)."""
+    if not PYPROJECT.is_file():
+        return False
     source = quirk_index_source()
     if path.is_file() and path.read_text() == source:
         return False
@@ -174,3 +237,5 @@ def write_quirk_index(path: Path = INDEX_PATH) -> bool:
 if __name__ == "__main__":
     changed = write_quirk_index()
     sys.stdout.write(f"{INDEX_PATH}: {'rewritten' if changed else 'up to date'}\n")
+    for name in write_generated_docs():
+        sys.stdout.write(f"{CHECKOUT / name}: tables rewritten\n")

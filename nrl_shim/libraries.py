@@ -89,8 +89,8 @@ def find(name: str, thorough: bool = False) -> Library:
     if location is None and not thorough:
         return Library(name, None, None)  # not importable here: whatever metadata lies around, nothing to fix
     quick = None if thorough or location is None else _owner(name, location, name)
-    if quick is not None:
-        return Library(name, version(name), quick)
+    if quick is not None:  # by the distribution's own name: `name` may be an alias's (vllm-dist-alias)
+        return Library(name, version(quick), quick)
     candidates = _providers().get(name, [])
     if not candidates:
         return Library(name, None, None)

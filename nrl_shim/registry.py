@@ -256,8 +256,10 @@ def _plugin_entries(builtin: "tuple[Entry, ...]") -> "tuple[Entry, ...]":
             quirk = Quirk(_import(module_name))
             if ep_name is not None and ep_name != quirk.id:
                 raise ValueError(f"the entry point is named {ep_name!r} but the module's ID is {quirk.id!r}")
-            if not (isinstance(quirk.id, str) and quirk.targets and quirk.library and quirk.versions and quirk.link):
-                raise ValueError("ID, TARGETS, LIBRARY, VERSIONS and LINK must all be set")
+            if not (isinstance(quirk.id, str) and quirk.library and quirk.versions and quirk.link):
+                raise ValueError("ID, LIBRARY, VERSIONS and LINK must all be set")
+            if not (quirk.targets or quirk.setup_argv is not None):
+                raise ValueError("neither TARGETS nor setup(): it would do nothing")
         except Exception as exc:  # never a broken job over someone else's quirk: skip it, say so once
             _plugin_failed(dist, module_name, f"{type(exc).__name__}: {exc}")
             continue

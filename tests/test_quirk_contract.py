@@ -1,9 +1,11 @@
 """The patcher contract, checked for every built-in quirk with the same pytest plugin a plugin package runs over its
-own quirks (nrl_shim.testing, ddtrace's PatchTestCase idea): a new quirk gets these checks by being registered. Each
-runs in fresh interpreters (python -m nrl_shim.testing.contract_child) against the real libraries of this venv; a quirk
-whose library is absent or out of range here is skipped with the reason."""
+own quirks (nrl_shim.testing.QuirkContract, ddtrace's PatchTestCase idea): a new quirk gets these checks by being
+registered. Each runs in fresh interpreters (python -m nrl_shim.testing.contract_child) against the real libraries of
+this venv; a quirk whose library is absent or out of range here is skipped with the reason."""
 
 from pathlib import Path
+
+import pytest
 
 from nrl_shim import registry
 from nrl_shim.testing import QuirkContract
@@ -26,14 +28,28 @@ def test_every_quirk_module_is_registered_and_has_a_test_module():
         assert (HERE / f"test_{stem}.py").is_file(), f"{name} has no tests/test_{stem}.py"
 
 
-def test_readme_tables_are_the_declarations():
-    readme = (Path(SOURCE_ROOT) / "README.md").read_text()
-    from nrl_shim.docs import markdown_tables
+def test_docs_tables_are_the_declarations():
+    # The generated tables (quirks in README.md, variables in docs/settings.md) are exactly what the declarations give.
+    from nrl_shim.docs import GENERATED, generated_blocks
 
-    for line in markdown_tables().splitlines():
-        assert line in readme, (
-            f"README.md is out of date; missing line:\n{line}\n(print them: see nrl_shim.docs.markdown_tables)"
-        )
+    for name, blocks in GENERATED.items():
+        found = generated_blocks((Path(SOURCE_ROOT) / name).read_text())
+        for block, make in blocks.items():
+            assert found.get(block) == make() + "\n", (
+                f"{name}: the generated table {block!r} is out of date: run `python -m nrl_shim.docs`"
+            )
+
+
+def test_docs_generation_rewrites_only_the_blocks(tmp_path):
+    from nrl_shim.docs import render
+
+    text = "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\nold\n<!-- end generated -->\n\nkept\n"
+    out = render(text, {"quirks": lambda: "| new |"})
+    assert (
+        out == "# t\n\n<!-- generated: quirks (python -m nrl_shim.docs) -->\n| new |\n<!-- end generated -->\n\nkept\n"
+    )
+    with pytest.raises(ValueError, match="no markers"):
+        render("no markers here", {"quirks": lambda: "x"})
 
 
 def test_variables_are_declared_once():

@@ -53,6 +53,10 @@ CPU_REFIT_LINE = (
     "(distributed_executor_backend='external_launcher'): "
     "'packed kernel copy (weight parameter dropped)' -> 'live weight (torch.nn.functional.linear)'"
 )
+PREFIX_CACHE_IDLE_LINE = (
+    "[vllm-prefix-cache-refit] vLLM prefix cache after a refit: nothing to change (the caller reset it itself after "
+    "its refit, before the next step)"
+)
 # The engine is bf16 (TRL's dtype="auto" on a float32 checkpoint, on a CPU); the policy is compared in bf16 too.
 BF16_GAP = 0.3  # measured 0.08
 MOVED = 2.0  # the initial weights' gap, measured 11.4; the engine before the final sync, measured 6.2
@@ -112,6 +116,15 @@ def test_the_recipe_makes_trls_engine_eager(under_the_shim):
     assert proc.returncode == 0 and result, tail(output)
     assert output.count(EAGER_LINE) == 1, tail(output)  # False: what TRL passes (nothing), vLLM's default
     assert result["engine"]["enforce_eager"] is True
+
+
+def test_trl_resets_the_prefix_cache_after_its_refits_so_that_fix_stays_idle(under_the_shim):
+    proc, output, result = under_the_shim
+    assert proc.returncode == 0 and result, tail(output)
+    # TRL's sync_weights ends with llm.reset_prefix_cache(): the shim sees the refit, then TRL's own reset, and says so
+    # once; no second reset (no line of its own reset).
+    assert output.count(PREFIX_CACHE_IDLE_LINE) == 1, tail(output)
+    assert "[vllm-prefix-cache-refit] vLLM prefix cache after a refit: stale blocks" not in output
 
 
 def test_without_the_shim_trls_first_refit_fails_on_the_cpu_build(without_the_shim):

@@ -320,6 +320,10 @@ def test_under_the_shim_a_refit_omitting_a_tensor_is_named_and_a_full_refit_is_q
     assert len(warnings) == 1, warnings  # one warning: after the partial refit, none after the full one
     assert reported_names(warnings[0]) == [OMITTED]
     assert "[vllm-cpu-refit]" in logs[1]  # verl's refits load on the CPU build
+    # verl resets the prefix cache after each refit (its server's clear_kv_cache): the shim sees both (the refit in the
+    # vLLM worker process, verl's reset in the engine core's) and stays idle, saying so once.
+    assert logs[1].count("[vllm-prefix-cache-refit] vLLM prefix cache after a refit: nothing to change") == 1
+    assert "[vllm-prefix-cache-refit] vLLM prefix cache after a refit: stale blocks" not in logs[1]
     after_partial, after_full = steps_of(out, "generate")[1:3]
     check_no_error(after_partial)
     check_no_error(after_full)

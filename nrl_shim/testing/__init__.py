@@ -16,6 +16,8 @@ Per quirk, in a fresh interpreter each (`python -m nrl_shim.testing.contract_chi
   each wrapped callable keeps its signature and pickles; deactivate() puts every original back; with another tool's
   wrapt wrapper already on an attribute, ours goes over it and leaving keeps theirs;
 - targets imported *after* activation: patched on import, one layer each;
+- setup() (where a quirk has one): what it installs is there once however often activation runs, and gone after
+  deactivation;
 - the declarations the core and the docs need (id shape, SUMMARY, an https LINK, LIBRARY/VERSIONS that `packaging`
   reads, NRL_* settings with their texts), and no setting declared twice.
 A quirk whose library is absent or outside VERSIONS here is skipped with the reason. The plugin module is found in the
@@ -92,6 +94,8 @@ class QuirkContract:
         return registry.Quirk(importlib.import_module(module_name))
 
     def _applicable(self, quirk: registry.Quirk) -> None:
+        if not quirk.targets:
+            pytest.skip(f"{quirk.id}: no targets, it acts through setup() (test_setup_is_undone_by_teardown)")
         applies, _version, reason = quirk.gate()
         if not applies:
             pytest.skip(f"{quirk.id}: {reason}")
@@ -101,7 +105,8 @@ class QuirkContract:
 
         quirk = self._quirk(quirk_module)
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", quirk.id), quirk.id
-        assert quirk.summary and quirk.link.startswith("https://") and quirk.targets
+        assert quirk.summary and quirk.link.startswith("https://")
+        assert quirk.targets or quirk.setup_argv is not None, f"{quirk.id}: no targets and no setup(): it does nothing"
         assert quirk.library and SpecifierSet(quirk.versions) is not None
         for library, versions in quirk.also_requires.items():
             assert library and SpecifierSet(versions) is not None
@@ -131,6 +136,16 @@ class QuirkContract:
         out = run_contract_child(quirk.id, "after", self.child_env())
         assert out["patched"] == sorted(out["targets"])
         assert all(count == 1 for count in out["layers"].values()), out["layers"]
+
+    def test_setup_is_undone_by_teardown(self, quirk_module: str) -> None:
+        # Whatever setup() installs at activation (import-system entries, exported variables) is there once however
+        # often activation runs, and deactivation takes it away again.
+        quirk = self._quirk(quirk_module)
+        if quirk.setup_argv is None:
+            pytest.skip(f"{quirk.id}: no setup()")
+        out = run_contract_child(quirk.id, "setup", self.child_env())
+        assert out["once"], out
+        assert out["restored"], out
 
 
 def pytest_generate_tests(metafunc: Any) -> None:

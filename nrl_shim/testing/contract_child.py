@@ -2,9 +2,10 @@
 ORDER` (run by nrl_shim.testing.QuirkContract; a plugin quirk is found through its entry point or NRL_SHIM_PLUGINS).
 
 ORDER "before": targets imported before activation; then activate twice, deactivate, and the same with another
-tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. Prints one JSON
-line. Which attributes a quirk wraps is found, not declared: every attribute of the target modules (and of the classes
-they define) that carries a layer of this quirk after activation.
+tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. ORDER "setup":
+what setup() installs is there once, and deactivate() removes it. Prints one JSON line. Which attributes a quirk
+wraps is found, not declared: every attribute of the target modules (and of the classes they define) that carries a
+layer of this quirk after activation.
 """
 
 import importlib
@@ -72,6 +73,24 @@ def main() -> None:
     settings = registry.load_settings({"NRL_SHIM_DISABLE": ",".join(others)})
     targets = [t for t in quirk.targets if importable(t)]
     out: dict = {"targets": targets}
+    if order == "setup":
+        import os
+
+        def state():
+            environ = {k: v for k, v in os.environ.items() if k != "NRL_SHIM"}  # activation's own, not setup()'s
+            return [repr(f) for f in sys.meta_path], [repr(h) for h in sys.path_hooks], environ
+
+        before = state()
+        activation.activate(settings)
+        first = state()
+        activation.activate(settings)
+        assert quirk.setup is not None
+        quirk.setup(settings)  # setup() itself run twice: nothing added the second time
+        out["once"] = state() == first
+        activation.deactivate()
+        out["restored"] = state() == before
+        print(json.dumps(out))
+        return
     if order == "after":
         activation.activate(settings)
         modules = [importlib.import_module(t) for t in targets]

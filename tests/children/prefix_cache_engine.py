@@ -1,0 +1,143 @@
+"""A real vLLM engine (CPU build) refit in place between two rollouts of the same prompt, for
+test_vllm_prefix_cache_refit.py: `python prefix_cache_engine.py CASES.json` (a list). The shim is on or off as the environment
+the test gives this process says, as in a job.
+
+The engine starts with dummy weights, is refit to checkpoint A (the frameworks' way), generates the prompt (its KV
+blocks enter the prefix cache), is refit to checkpoint B and generates the same prompt again. The second rollout must
+be B's: with a stale prefix cache it reads A's KV for the cached prefix.
+
+Modes: "inproc" (engine core in this process, the model refit directly as TRL's colocate engine is), "mp" (engine core
+in its own process, refits through LLM.apply_model), "async" (AsyncLLM; streams running across the refit, refits
+through collective_rpc as verl's and NeMo RL's workers are). Prints one JSON line: tokens and logprobs of the second
+rollout, its cached prompt tokens, the streams' ends, and the `nrl_shim` records of this process, per case of the
+list given.
+"""
+
+import asyncio
+import gc
+import json
+import logging
+import os
+import sys
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TESTS)  # tiny_models, prefix_cache_refit (and for the engine's own processes:)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function sent to the workers
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+ENGINE_KW = dict(
+    skip_tokenizer_init=True,
+    dtype="float32",
+    max_model_len=1024,
+    enforce_eager=True,
+    load_format="dummy",
+    kv_cache_memory_bytes=64 << 20,
+)
+
+
+def params(max_tokens):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, logprobs=0)
+
+
+def rollout(output):
+    completion = output.outputs[0]
+    return {
+        "tokens": list(completion.token_ids),
+        "logprobs": [entry[token].logprob for token, entry in zip(completion.token_ids, completion.logprobs)],
+        "cached": output.num_cached_tokens or 0,
+    }
+
+
+def sync_case(case):
+    import functools
+
+    from prefix_cache_refit import refit_model
+    from vllm import LLM
+
+    if case["mode"] == "inproc":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm = LLM(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    if case["mode"] == "inproc":  # TRL's colocate refit: the model object, no RPC
+        model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+
+        def refit(path):
+            refit_model(model, path)
+    else:
+
+        def refit(path):
+            llm.apply_model(functools.partial(refit_model, path=path))
+
+    prompt = [{"prompt_token_ids": case["prompt"]}]
+    refit(case["model_a"])
+    first = rollout(llm.generate(prompt, params(case["max_tokens"]), use_tqdm=False)[0])
+    refit(case["model_b"])
+    if case.get("caller_resets"):
+        llm.reset_prefix_cache()
+    second = rollout(llm.generate(prompt, params(case["max_tokens"]), use_tqdm=False)[0])
+    return {"first": first, "second": second}
+
+
+async def async_case(case):
+    from prefix_cache_refit import refit_worker
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    engine = AsyncLLM.from_engine_args(args)
+    try:
+
+        async def generate(request_id, prompt, max_tokens, started=None):
+            final, seen = None, 0
+            async for output in engine.generate({"prompt_token_ids": prompt}, params(max_tokens), request_id):
+                final, seen = output, len(output.outputs[0].token_ids)
+                if started is not None and seen >= 2 and not started.done():
+                    started.set_result(True)
+            return final
+
+        await engine.collective_rpc(refit_worker, args=(case["model_a"],))
+        first = rollout(await generate("first", case["prompt"], case["max_tokens"]))
+        # Streams that run across the refit (other prompts, long completions).
+        starts = [asyncio.get_running_loop().create_future() for _ in range(case["streams"])]
+        streams = [
+            asyncio.ensure_future(generate(f"stream-{i}", [(7 * i + j) % 500 + 3 for j in range(40)], 96, starts[i]))
+            for i in range(case["streams"])
+        ]
+        await asyncio.gather(*starts)
+        await engine.collective_rpc(refit_worker, args=(case["model_b"],))
+        second_task = asyncio.ensure_future(generate("second", case["prompt"], case["max_tokens"]))
+        second = rollout(await second_task)
+        running_at_second = sum(not s.done() for s in streams)
+        ends = await asyncio.gather(*streams, return_exceptions=True)
+        stream_ends = [
+            f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else len(e.outputs[0].token_ids) for e in ends
+        ]
+        # After the streams: the same prompt once more (the held reset has happened by now).
+        third = rollout(await generate("third", case["prompt"], case["max_tokens"]))
+        return {
+            "first": first,
+            "second": second,
+            "third": third,
+            "streams": stream_ends,
+            "streams_running_at_second": running_at_second,
+        }
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    from log_records import Records  # next to this file (the script's directory is on sys.path)
+
+    records = Records()
+    logging.getLogger("nrl_shim").addHandler(records)
+    results = []
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    for case in cases:  # a list: in-process engines one after another (same environment)
+        start = len(records.messages)
+        result = asyncio.run(async_case(case)) if case["mode"] == "async" else sync_case(case)
+        results.append({"result": result, "log": records.messages[start:]})
+        gc.collect()
+    print(json.dumps({"cases": results}))
