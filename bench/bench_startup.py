@@ -157,7 +157,9 @@ def install_plugin(root):
         cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", root, "--python", sys.executable]
     else:
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", root]
-    _run([*cmd, EXAMPLE_PLUGIN], _env())
+    source = os.path.join(os.path.dirname(root), "plugin-src")  # a copy: the build writes beside its sources
+    shutil.copytree(EXAMPLE_PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    _run([*cmd, source], _env())
     _run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "nrl_shim_example_quirks")], _env())
 
 

@@ -24,11 +24,15 @@ WORKER_PYTHON = os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON")
 def plugin_site(tmp_path_factory):
     """The example plugin installed into a directory of its own, as pip or uv install it (dist-info, entry points)."""
     site = tmp_path_factory.mktemp("plugin-site")
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, not into the checkout then.
+    source = tmp_path_factory.mktemp("plugin-src") / "quirk-plugin"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     uv = shutil.which("uv")
     if uv:
-        cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", str(site), "--python", sys.executable, EXAMPLE]
+        cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", str(site), "--python", sys.executable]
     else:
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), EXAMPLE]
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site)]
+    cmd.append(str(source))
     subprocess.run(cmd, check=True, timeout=600)
     assert (site / "nrl_shim_example_quirks").is_dir()
     return site
