@@ -1,9 +1,13 @@
 """Start-up cost of the shim, measured in one run and printed as figures and ratios (a script, not a test).
 
+0. what a plugin scan would cost at every start without the cached index: importing importlib.metadata and
+   entry_points(group=...) over this interpreter's distributions
 1. interpreter start (`python -c pass`) with NRL_SHIM=1 vs unset, no target imported   (goal: <= +2 ms)
-   for the package under test as it is, and with --synthetic N (default 30) synthetic quirks registered on top of
-   today's; with --baseline REF also for that git revision of this repository, both ways (e.g. the code before a
-   change, side by side in the same run)
+   for the package under test as it is, with a plugin installed (examples/quirk-plugin, installed into the tree's
+   directory with uv/pip --target: a real dist-info with its entry point, found through the cached plugin index), and
+   with --synthetic N (default 30) synthetic quirks registered on top of today's built-ins; with --baseline REF also
+   for that git revision of this repository, both ways (e.g. the code before a change, side by side in the same run);
+   then the first start after a plugin is installed (the cache is stale: one scan)
 2. `python -X importtime`: cumulative import time of nrl_shim, and how many nrl_shim modules start-up loads, per tree
 3. `import nrl_shim`: time, and which heavy modules it pulled in   (goal: none of torch/vllm/transformers/numpy)
 4. `import torch` with the shim's import hooks registered vs none   (goal: ratio <= 1.02)
@@ -11,8 +15,9 @@
 Every tree measured is a copy of the package in a temp dir, compiled as pip installs it, put first on PYTHONPATH; the
 interpreter's installed nrl_shim.pth (pip install . puts it in site-packages) activates it with NRL_SHIM=1. The
 synthetic quirks exist only in these copies: modules shaped like a real quirk (declarations, one setting, patch and
-unpatch, describe) whose targets are never imported, appended to the copy's registry.QUIRK_MODULES (and, where the tree
-has one, its quirk index regenerated). Runs are interleaved (all sides each round) so drift on a shared machine hits
+unpatch, describe) whose targets are never imported, registered as built-ins (trees with entry points: a pyproject.toml
+beside the copy declaring them, the quirk index regenerated from it; older trees: appended to registry.QUIRK_MODULES
+and, where the tree has one, its index regenerated). Every side gets its own empty XDG_CACHE_HOME, warmed up first. Runs are interleaved (all sides each round) so drift on a shared machine hits
 every side alike; medians and minimums are reported.
 
 Usage: python bench/bench_startup.py [--runs N] [--synthetic N] [--baseline REF]   (with the venv's interpreter; it
@@ -31,6 +36,7 @@ import sys
 import tempfile
 import time
 
+EXAMPLE_PLUGIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "quirk-plugin")
 HEAVY = ("torch", "vllm", "transformers", "numpy", "wrapt", "ray", "packaging", "importlib.metadata", "logging")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,7 +108,24 @@ def make_tree(root, package_dir=None, ref=None, synthetic=0):
     else:
         archive = subprocess.run(["git", "-C", REPO, "archive", ref, "nrl_shim"], check=True, capture_output=True)
         _run(["tar", "-x", "-C", root], None, input=archive.stdout)
-    if synthetic:
+    if synthetic and os.path.isfile(os.path.join(root, "nrl_shim", "plugins.py")):
+        # Built-ins are pyproject.toml's entry points: declare today's and the synthetic ones beside the copy.
+        quirks = os.path.join(root, "nrl_shim", "quirks")
+        lines = []
+        for i in range(synthetic):
+            with open(os.path.join(quirks, f"synthetic_{i:02d}.py"), "w") as f:
+                f.write(SYNTHETIC.format(i=i))
+            lines.append(f'"synthetic-quirk-{i:02d}" = "nrl_shim.quirks.synthetic_{i:02d}"')
+        with open(os.path.join(REPO, "pyproject.toml")) as f:
+            source = f.read()
+        table = '[project.entry-points."nrl_shim.quirks"]\n'
+        if table not in source:
+            raise SystemExit("pyproject.toml: no nrl_shim.quirks entry points to add synthetic quirks to")
+        with open(os.path.join(root, "pyproject.toml"), "w") as f:
+            f.write(source.replace(table, table + "\n".join(lines) + "\n"))
+        regenerate = "from nrl_shim import docs; docs.write_quirk_index()"
+        _run([sys.executable, "-c", regenerate], _env(PYTHONPATH=root, NRL_SHIM="0"), cwd=root)
+    elif synthetic:
         quirks = os.path.join(root, "nrl_shim", "quirks")
         names = []
         for i in range(synthetic):
@@ -125,6 +148,35 @@ def make_tree(root, package_dir=None, ref=None, synthetic=0):
     # As pip does (uv needs --compile-bytecode): start-up is measured against compiled modules.
     _run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "nrl_shim")], _env())
     return root
+
+
+def install_plugin(root):
+    """examples/quirk-plugin installed into `root` as installers do (dist-info with its entry point)."""
+    uv = shutil.which("uv")
+    if uv:
+        cmd = [uv, "pip", "install", "--quiet", "--no-deps", "--target", root, "--python", sys.executable]
+    else:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", root]
+    source = os.path.join(os.path.dirname(root), "plugin-src")  # a copy: the build writes beside its sources
+    shutil.copytree(EXAMPLE_PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    _run([*cmd, source], _env())
+    _run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "nrl_shim_example_quirks")], _env())
+
+
+def scan_cost(py, runs):
+    """(import importlib.metadata, entry_points(group=...)) in ms, medians over fresh interpreters; and how many
+    distributions this interpreter has."""
+    probe = (
+        "import time, json; t = time.perf_counter(); import importlib.metadata as m; t1 = time.perf_counter(); "
+        "m.entry_points(group='nrl_shim.quirks'); t2 = time.perf_counter(); "
+        "print(json.dumps([t1 - t, t2 - t1, len(list(m.distributions()))]))"
+    )
+    rows = [json.loads(subprocess.run([py, "-c", probe], env=_env(), capture_output=True, text=True).stdout)]
+    rows += [
+        json.loads(subprocess.run([py, "-c", probe], env=_env(), capture_output=True, text=True).stdout)
+        for _ in range(runs - 1)
+    ]
+    return statistics.median(r[0] for r in rows) * 1e3, statistics.median(r[1] for r in rows) * 1e3, rows[0][2]
 
 
 def _wall(cmd, env):
@@ -173,8 +225,18 @@ def main():
     if not any(os.path.isfile(os.path.join(d, "nrl_shim.pth")) for d in __import__("site").getsitepackages()):
         raise SystemExit("this interpreter has no nrl_shim.pth in site-packages: `pip install .` into its venv first")
 
+    metadata_ms, scan_ms, dists = scan_cost(py, 5)
+    print(
+        f"0. without a cached index every start would pay: import importlib.metadata {metadata_ms:.1f} ms + "
+        f"entry_points(group=...) {scan_ms:.1f} ms over {dists} distributions (medians of 5)"
+    )
+
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"now": make_tree(os.path.join(tmp, "now"), package_dir)}
+        plugins = os.path.isfile(os.path.join(package_dir, "plugins.py"))
+        if plugins:
+            trees["now+plugin"] = make_tree(os.path.join(tmp, "plugin"), package_dir)
+            install_plugin(trees["now+plugin"])
         if args.synthetic:
             trees[f"now+{args.synthetic}"] = make_tree(os.path.join(tmp, "syn"), package_dir, synthetic=args.synthetic)
         if args.baseline:
@@ -184,12 +246,23 @@ def main():
                     os.path.join(tmp, "base-syn"), ref=args.baseline, synthetic=args.synthetic
                 )
         cmd = [py, "-c", "pass"]
+        caches = {label: os.path.join(tmp, f"cache-{i}") for i, label in enumerate(trees)}
         # The unset side has a tree on PYTHONPATH too: an extra sys.path entry is part of the comparison, not the shim.
-        sides = {"unset": (cmd, _env(PYTHONPATH=trees["now"]))}
-        sides.update({label: (cmd, _env(PYTHONPATH=root, NRL_SHIM="1")) for label, root in trees.items()})
+        sides = {"unset": (cmd, _env(PYTHONPATH=trees.get("now+plugin", trees["now"])))}
+        sides.update(
+            {
+                label: (cmd, _env(PYTHONPATH=root, NRL_SHIM="1", XDG_CACHE_HOME=caches[label]))
+                for label, root in trees.items()
+            }
+        )
         probe = "import sys; m = sys.modules.get('nrl_shim'); assert m and m.is_active(), 'not active'"
-        for root in trees.values():  # each tree really activates (and fails loudly here otherwise)
-            _run([py, "-c", probe], _env(PYTHONPATH=root, NRL_SHIM="1"))
+        for label, root in trees.items():  # each tree really activates (and fails loudly here otherwise)
+            _run([py, "-c", probe], _env(PYTHONPATH=root, NRL_SHIM="1", XDG_CACHE_HOME=caches[label]))
+        if plugins:
+            check = (
+                "from nrl_shim import registry; assert 'vllm-use-inductor' in registry.quirk_ids(), 'plugin not found'"
+            )
+            _run([py, "-c", check], _env(PYTHONPATH=trees["now+plugin"], XDG_CACHE_HOME=caches["now+plugin"]))
         interleaved(sides, 3)  # warm-up: page cache, pyc reads
         times = interleaved(sides, args.runs)
         bare, bare_min = statistics.median(times["unset"]), min(times["unset"])
@@ -201,6 +274,18 @@ def main():
                 f"   NRL_SHIM=1 {label:<12} {med * 1e3:6.2f} / {low * 1e3:6.2f} ms -> "
                 f"+{(med - bare) * 1e3:.2f} ms median, +{(low - bare_min) * 1e3:.2f} ms min, ratio {med / bare:.3f} "
                 "(goal <= +2 ms)"
+            )
+
+        if plugins:
+            # The first start after an install: the stamp differs (a directory's mtime), one scan, the index rewritten.
+            root, stale = trees["now+plugin"], []
+            env = _env(PYTHONPATH=root, NRL_SHIM="1", XDG_CACHE_HOME=caches["now+plugin"])
+            for _ in range(5):
+                os.utime(root)  # as an install or removal in that directory does
+                stale.append(_wall(cmd, env))
+            print(
+                f"   first start after an install/removal (one scan, index rewritten): "
+                f"{statistics.median(stale) * 1e3:6.2f} ms median of 5 -> +{(statistics.median(stale) - bare) * 1e3:.1f} ms"
             )
 
         print("2. python -X importtime -c pass with NRL_SHIM=1 (median cumulative of `nrl_shim`):")

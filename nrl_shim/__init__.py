@@ -17,6 +17,7 @@ from .settings import Settings
 TYPE_CHECKING = False  # not typing's: this runs at every interpreter start-up
 if TYPE_CHECKING:
     from .errors import (
+        PluginError,
         QuirkSkippedError,
         RefitIncompleteError,
         SettingsError,
@@ -32,6 +33,7 @@ _ERRORS = frozenset(
         "QuirkSkippedError",
         "ShimTimeoutError",
         "RefitIncompleteError",
+        "PluginError",
     )
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "QuirkSkippedError",
     "ShimTimeoutError",
     "RefitIncompleteError",
+    "PluginError",
 ]
 
 

@@ -57,6 +57,9 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
     `how` names the trigger in the DEBUG line that says the shim is active.
     """
     announce = False
+    # The registry first, outside _lock: reading it the first time imports the plugin quirk modules (see the locking
+    # rule below); a clash between plugins raises PluginError here.
+    registry.quirk_ids()
     with _lock:
         if not _State.active:
             announce = True
@@ -66,9 +69,9 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
                 _State.exported_nrl_shim = True
             _State.settings, _State.active = settings, True
             _State.targets = registry.targets(settings)
-            for quirk in registry.with_setup(settings):  # the only quirk modules imported here
+            for quirk in registry.with_setup(settings):  # the only quirk modules imported here (and plugins')
                 if quirk.setup:
-                    quirk.setup(settings)
+                    _setup(quirk, settings)
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _TargetFinder())
         current = _State.settings
@@ -245,7 +248,10 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
         _State.applying.add(key)
     try:
         if quirk.id not in _State.gates:
-            _State.gates[quirk.id] = quirk.gate()
+            try:
+                _State.gates[quirk.id] = quirk.gate()
+            except Exception as exc:  # e.g. a plugin's VERSIONS that is no specifier: skip, never break the import
+                _State.gates[quirk.id] = (False, "?", f"cannot check its versions: {type(exc).__name__}: {exc}")
         applies, version, reason = _State.gates[quirk.id]
         if not applies and version is None:
             # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
@@ -269,6 +275,19 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
     finally:
         with _lock:
             _State.applying.discard(key)
+
+
+def _setup(quirk: "Quirk", settings: "Settings") -> None:
+    """A quirk's setup() at activation: one that fails (a plugin's bug) is skipped like a patch that fails."""
+    assert quirk.setup is not None
+    try:
+        quirk.setup(settings)
+    except Exception as exc:
+        from .errors import ShimError
+
+        if isinstance(exc, ShimError):
+            raise
+        _skip(quirk, f"its setup() failed: {type(exc).__name__}: {exc}")
 
 
 def _skip(quirk: "Quirk", reason: str) -> None:

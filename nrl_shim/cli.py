@@ -65,6 +65,9 @@ def _quirk_entry(quirk, settings):
         "versions": quirk.versions,
         "link": quirk.link,
     }
+    source = registry.origin(quirk.id)
+    if source != registry.BUILTIN:
+        entry["from"] = source  # a plugin quirk: the distribution that declared it (entry-point group nrl_shim.quirks)
     if settings is not None and not settings.is_enabled(quirk.id):
         entry["status"], entry["reason"] = DISABLED, "listed in NRL_SHIM_DISABLE"
         return entry
@@ -143,6 +146,8 @@ def _print_doctor(report, strict=False):
         print(f"  {q['id']:<{width}}  {q['status']:<{state_width}}  {q['reason']}")
         if q.get("detail"):
             print(f"  {'':<{width}}  {'':<{state_width}}  {q['detail']}")
+        if q.get("from"):
+            print(f"  {'':<{width}}  {'':<{state_width}}  plugin from the distribution {q['from']}")
     act = report["env_activation"]
     print(f"env activation: .pth {act['pth'] or 'NOT installed'}; {act['detail']}")
     status = report["exit_status"]

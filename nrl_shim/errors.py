@@ -23,3 +23,8 @@ class ShimTimeoutError(ShimError, TimeoutError):
 
 class RefitIncompleteError(ShimError, RuntimeError):
     """Strict mode: a model loaded with dummy weights is about to generate while some of them were never refit."""
+
+
+class PluginError(ShimError, RuntimeError):
+    """Quirks from other packages (entry-point group `nrl_shim.quirks`) clash: two declare the same quirk id or setting,
+    or (strict mode) one cannot be loaded."""

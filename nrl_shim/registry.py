@@ -1,7 +1,9 @@
-"""The quirk registry: one module per quirk under nrl_shim/quirks, listed in QUIRK_MODULES. No quirk module knows another.
+"""The quirk registry: one module per quirk, each registered in the entry-point group `nrl_shim.quirks` (nrl-shim's own
+in its pyproject.toml, other packages' in theirs: one way to add a quirk; see nrl_shim/plugins.py). No quirk module
+knows another.
 
-A quirk module declares (ddtrace/OpenTelemetry style):
-    ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE), one line, upstream link
+A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk API, the same for plugins):
+    ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE; the entry point's name), one line, upstream link
     LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
     SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable, parsed by one of the parsers
                                in nrl_shim.settings); validated and documented centrally with the core's
@@ -19,11 +21,17 @@ A quirk module declares (ddtrace/OpenTelemetry style):
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
     idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here
 
-Start-up does not grow with the catalogue: activation reads nrl_shim/_quirk_index.py (per quirk: its module, id,
-target module names, setup condition and SETTINGS), generated from the quirk modules by `python -m nrl_shim.docs` and
-kept in sync by a test. A quirk's module is imported when one of its targets is, or when something else of it is
-needed (the version gate, doctor, docs). Quirk modules import only the stdlib at top level; heavy imports go inside
-patch().
+Start-up does not grow with the catalogue: for the built-in quirks activation reads nrl_shim/_quirk_index.py (per quirk:
+its module, id, target module names, setup condition and SETTINGS), generated from pyproject.toml's entry points by
+`python -m nrl_shim.docs` and kept in sync by a test. A quirk's module is imported when one of its targets is, or when
+something else of it is needed (the version gate, doctor, docs). Plugin quirks (other distributions' entry points,
+found through a cached index: nrl_shim/plugins.py) are imported at activation to read their declarations, so they
+too must import only the stdlib at top level; heavy imports go inside patch().
+
+Plugin rules (checked here, at the first use of the registry in a process): a module that fails to import or does not
+declare the contract is skipped with one warning naming it and its distribution (PluginError in strict mode: a job
+never breaks over a plugin otherwise); a quirk id or NRL_* variable declared twice is one PluginError naming both
+distributions.
 """
 
 import sys
@@ -32,6 +40,7 @@ TYPE_CHECKING = False  # not typing's: this module is on every interpreter's sta
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import ModuleType
+    from typing import NoReturn
 
     from .settings import Settings, Variable
 
@@ -39,23 +48,8 @@ if TYPE_CHECKING:
     # An index entry: (module name, id, target module names, setup condition, SETTINGS); see Quirk.indexed.
     Entry = tuple[str, str, tuple[str, ...], str | None, tuple[Variable, ...]]
 
-# The registration list, in the order doctor and the README show them. nrl_shim/_quirk_index.py is generated from it.
-QUIRK_MODULES = (
-    "nrl_shim.quirks.vllm_gemma_load_format",
-    "nrl_shim.quirks.vllm_auto_load_format",
-    "nrl_shim.quirks.vllm_v1_runtime",
-    "nrl_shim.quirks.vllm_eager_recipes",
-    "nrl_shim.quirks.vllm_async_timeout",
-    "nrl_shim.quirks.vllm_refit_guard",
-    "nrl_shim.quirks.vllm_cpu_refit",
-    "nrl_shim.quirks.vllm_prefix_cache_refit",
-    "nrl_shim.quirks.vllm_dist_alias",
-    "nrl_shim.quirks.cp_attention_mask",
-    "nrl_shim.quirks.cp_gemma3",
-    "nrl_shim.quirks.cp_flash_attention",
-    "nrl_shim.quirks.cp_sequence_parallel",
-    "nrl_shim.quirks.ray_propagate_env",
-)
+BUILTIN = "nrl-shim"  # the distribution the built-in quirks (nrl_shim/_quirk_index.py) come from
+
 
 # What only the module has: read on first access, which imports it. Set one before that and it stays (tests do).
 _FROM_MODULE = frozenset(
@@ -204,10 +198,11 @@ def _check(library: str, versions: str) -> "tuple[bool, str | None, str]":
 
 
 # The index's entries, read without building Quirk objects where activation needs only ids, targets or settings:
-# per-quirk Python work at start-up is what would grow with the catalogue.
+# per-quirk Python work at start-up is what would grow with the catalogue. Built-ins first, then plugins.
 _ENTRIES: "tuple[Entry, ...] | None" = None
 _BY_ID: "dict[str, Quirk]" = {}  # built on first need, one per quirk: a value set on it (tests do) stays
 _QUIRKS: "tuple[Quirk, ...] | None" = None
+_ORIGIN: "dict[str, str]" = {}  # quirk id -> the distribution that declared it (plugins only; built-ins: BUILTIN)
 
 
 def _entries() -> "tuple[Entry, ...]":
@@ -215,13 +210,101 @@ def _entries() -> "tuple[Entry, ...]":
     if _ENTRIES is None:
         from ._quirk_index import QUIRKS
 
-        entries: tuple[Entry, ...] = QUIRKS
-        if tuple(entry[0] for entry in entries) != QUIRK_MODULES:
-            # A quirk added or removed without regenerating the index (tests/test_quirk_index.py fails until
-            # `python -m nrl_shim.docs`): read the modules themselves, right but at the cost the index avoids.
-            entries = tuple(_entry(Quirk(_import(name))) for name in QUIRK_MODULES)
-        _ENTRIES = entries
+        builtin: tuple[Entry, ...] = QUIRKS
+        _ENTRIES = builtin + _plugin_entries(builtin)
     return _ENTRIES
+
+
+def __getattr__(name: str) -> "tuple[str, ...]":
+    # QUIRK_MODULES: the built-in quirk modules in registration order (pyproject.toml's entry points, via the index).
+    if name == "QUIRK_MODULES":
+        from ._quirk_index import QUIRKS
+
+        return tuple(entry[0] for entry in QUIRKS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def origin(quirk_id: str) -> str:
+    """The distribution that declared quirk `quirk_id` (BUILTIN for nrl-shim's own; NRL_SHIM_PLUGINS for a module
+    listed there)."""
+    _entries()
+    return _ORIGIN.get(quirk_id, BUILTIN)
+
+
+def _plugin_entries(builtin: "tuple[Entry, ...]") -> "tuple[Entry, ...]":
+    """Index entries of the plugin quirks: each declared module imported (stdlib only at top level, by contract) and
+    read as the built-ins' are. Import or declaration problems skip that plugin; clashes are errors."""
+    from . import plugins
+
+    declared = plugins.declared()
+    if not declared:
+        return ()
+    from .settings import CORE_VARIABLES
+
+    ids = {entry[1]: (BUILTIN, entry[0]) for entry in builtin}
+    modules = {module for _, module in ids.values()}
+    names = {v.name: (BUILTIN, v.name) for v in CORE_VARIABLES}
+    attrs = {v.attr: (BUILTIN, v.name) for v in CORE_VARIABLES}
+    for entry in builtin:
+        names.update({v.name: (BUILTIN, entry[1]) for v in entry[4]})
+        attrs.update({v.attr: (BUILTIN, entry[1]) for v in entry[4]})
+    found: list[Entry] = []
+    for dist, ep_name, module_name in declared:
+        if module_name in modules:
+            continue  # one module declared twice (nrl-shim's own entry points, or an entry point and NRL_SHIM_PLUGINS)
+        try:
+            quirk = Quirk(_import(module_name))
+            if ep_name is not None and ep_name != quirk.id:
+                raise ValueError(f"the entry point is named {ep_name!r} but the module's ID is {quirk.id!r}")
+            if not (isinstance(quirk.id, str) and quirk.library and quirk.versions and quirk.link):
+                raise ValueError("ID, LIBRARY, VERSIONS and LINK must all be set")
+            if not (quirk.targets or quirk.setup_argv is not None):
+                raise ValueError("neither TARGETS nor setup(): it would do nothing")
+        except Exception as exc:  # never a broken job over someone else's quirk: skip it, say so once
+            _plugin_failed(dist, module_name, f"{type(exc).__name__}: {exc}")
+            continue
+        modules.add(module_name)
+        clash = ids.get(quirk.id)
+        if clash:
+            _clash(f"quirk id {quirk.id!r}", clash, (dist, module_name))
+        for variable in quirk.settings:
+            for key, seen in ((variable.name, names), (variable.attr, attrs)):
+                if key in seen:
+                    _clash(f"setting {variable.name!r} (attribute {variable.attr!r})", seen[key], (dist, quirk.id))
+            names[variable.name] = attrs[variable.attr] = (dist, quirk.id)
+        ids[quirk.id] = (dist, module_name)
+        _ORIGIN[quirk.id] = dist
+        _BY_ID.setdefault(quirk.id, quirk)  # its module is loaded: this object already has everything
+        found.append(_entry(quirk))
+    return tuple(found)
+
+
+def _clash(what: str, first: "tuple[str, str]", second: "tuple[str, str]") -> "NoReturn":
+    from .errors import PluginError
+
+    raise PluginError(
+        f"{what} is declared twice: by the distribution {first[0]!r} ({first[1]}) and by {second[0]!r} ({second[1]}) "
+        f"(entry-point group `nrl_shim.quirks`); uninstall one of them, or rename the quirk in the plugin"
+    )
+
+
+def _plugin_failed(dist: str, module_name: str, why: str) -> None:
+    import os
+
+    from .settings import parse_bool
+
+    message = f"plugin quirk {module_name!r} from the distribution {dist!r} skipped: {why}"
+    try:  # settings are not parsed yet (they need the plugins' SETTINGS): read strictness directly
+        strict = bool(parse_bool("NRL_SHIM_STRICT", os.environ.get("NRL_SHIM_STRICT", "0")))
+    except Exception:
+        strict = False  # a bad value is reported by load_settings right after
+    if strict:
+        from .errors import PluginError
+
+        raise PluginError(f"{message} (NRL_SHIM_STRICT=1; uninstall it or fix it to go on)")
+    from . import report
+
+    report.warn_once("plugins", module_name, message)
 
 
 def _entry(quirk: "Quirk") -> "Entry":

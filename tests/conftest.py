@@ -13,6 +13,8 @@ import pytest
 
 import nrl_shim
 
+pytest_plugins = ["nrl_shim.testing"]  # the quirk contract (QuirkContract), as plugin packages use it
+
 # The copy of nrl_shim under test (the checkout when pytest runs from it); children must import the same one.
 SOURCE_ROOT = str(Path(nrl_shim.__file__).resolve().parent.parent)
 

@@ -11,7 +11,14 @@ from nrl_shim import _quirk_index, docs, registry
 from conftest import SOURCE_ROOT, run_child_json
 
 # What activation imports at interpreter start-up, whatever the number of quirks.
-START_UP = ["nrl_shim", "nrl_shim._quirk_index", "nrl_shim.activation", "nrl_shim.registry", "nrl_shim.settings"]
+START_UP = [
+    "nrl_shim",
+    "nrl_shim._quirk_index",
+    "nrl_shim.activation",
+    "nrl_shim.plugins",
+    "nrl_shim.registry",
+    "nrl_shim.settings",
+]
 # vllm-dist-alias's setup() runs in every process: its finder must be there before anything asks for vLLM's metadata.
 START_UP += ["nrl_shim.quirks", "nrl_shim.quirks.vllm_dist_alias"]
 
@@ -62,11 +69,10 @@ def test_activation_imports_only_the_quirk_modules_a_process_needs(tmp_path, arg
     assert quirks_loaded == sorted(["nrl_shim.quirks.ray_propagate_env", "nrl_shim.quirks.vllm_dist_alias", *setup[1:]])
 
 
-def test_a_stale_index_falls_back_to_the_modules(monkeypatch):
-    # A quirk removed from (or added to) QUIRK_MODULES without regenerating: the registry reads the modules instead.
-    kept = registry.QUIRK_MODULES[:-1]
-    monkeypatch.setattr(registry, "QUIRK_MODULES", kept)
-    for cache, empty in (("_ENTRIES", None), ("_QUIRKS", None), ("_BY_ID", {})):
-        monkeypatch.setattr(registry, cache, empty)
-    assert registry.quirk_ids() == tuple(importlib.import_module(name).ID for name in kept)
-    assert docs.quirk_index_source(kept) != docs.INDEX_PATH.read_text()  # what the sync test above would report
+def test_the_index_is_pyprojects_entry_points_in_order():
+    # One way to add a quirk: a module plus its line in the entry-point group `nrl_shim.quirks` (nrl-shim's own in
+    # pyproject.toml, as any plugin's); the index is generated from that table, entry-point name = the module's ID.
+    declared = docs.builtin_declarations()
+    assert list(declared.items()) == [(entry[1], entry[0]) for entry in _quirk_index.QUIRKS]
+    assert tuple(declared.values()) == registry.QUIRK_MODULES
+    assert docs.quirk_index_source(list(declared.values())[:-1]) != docs.INDEX_PATH.read_text()  # a stale one is seen

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 ID = "ray-propagate-env"
 _PREFIXES = ("NRL_SHIM", "NRL_VLLM_")
 HOOK = "nrl_shim.ray_worker.setup"
+PLUGINS_VAR = "NRL_SHIM_PLUGINS"  # plugins.ENV: the quirk modules workers load beside their own entry points
 # Ray implements worker_process_setup_hook with this env var (Ray >= 2.9); without it there is nothing to hook into.
 _RAY_HOOK_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 # Fields after which Ray accepts nothing but env_vars and config: the shim must be installed in that image instead.
@@ -24,15 +25,25 @@ _IMAGE_FIELDS = ("image_uri", "container")
 
 
 class _Job:
-    """What this driver shipped: the py_modules URI Ray gave our package at ray.init (for actor-level merges)."""
+    """What this driver shipped: the py_modules URIs Ray gave our package and the plugin packages at ray.init (for
+    actor-level merges)."""
 
-    shim_uri: str | None = None
+    shim_uris: list[str] = []
     staged_dir: str | None = None
+    staged_plugins: dict[str, str] = {}  # plugin top-level package -> its staged copy
+
+
+# Plugin packages above this size are not shipped (one warning): a quirk plugin is a few small modules; shipping a
+# whole framework that happens to declare a quirk would shadow the worker's own copy of it.
+_PLUGIN_MAX_BYTES = 16 * 1024 * 1024
 
 
 def shim_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    from .. import registry
+
     source = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(source.items()) if k.startswith(_PREFIXES)}
+    declared = {v.name for v in registry.variables()}  # plugins' own settings too, whatever their prefix
+    return {k: v for k, v in sorted(source.items()) if k.startswith(_PREFIXES) or k in declared}
 
 
 def staged_package() -> str:
@@ -55,6 +66,67 @@ def staged_package() -> str:
             shutil.copytree(source, os.path.join(target, "_vendor", dependency), ignore=ignore)
         _Job.staged_dir = target
     return _Job.staged_dir
+
+
+def plugins_to_ship(strict: bool) -> tuple[list[str], list[str]]:
+    """(staged package directories for py_modules, quirk module names for NRL_SHIM_PLUGINS) of the plugin quirks of
+    this process: a plugin installed only in the driver's environment reaches workers with their own Python the way
+    the shim does. A plugin is shipped as its top-level package (keep quirk plugins in a package of their own)."""
+    from .. import registry
+
+    dirs: list[str] = []
+    modules: list[str] = []
+    for quirk in registry.quirks():
+        source = registry.origin(quirk.id)
+        if source == registry.BUILTIN:
+            continue
+        modules.append(quirk.module_name)
+        top = quirk.module_name.partition(".")[0]
+        package = sys.modules.get(top)
+        paths = list(getattr(package, "__path__", None) or [])
+        if top == "nrl_shim" or top in _Job.staged_plugins:
+            staged = _Job.staged_plugins.get(top)
+            if staged and staged not in dirs:
+                dirs.append(staged)
+            continue
+        where = f"plugin {quirk.module_name!r} ({source})"
+        if len(paths) != 1 or not os.path.isdir(paths[0]):
+            _cannot_ship(where, "not a regular package directory (Ray's py_modules takes directories)", strict)
+            continue
+        size = sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(paths[0]) for f in files if f[-4:] != ".pyc"
+        )
+        if size > _PLUGIN_MAX_BYTES:
+            _cannot_ship(
+                where, f"its package {top!r} is {size // 2**20} MiB; install it in the workers instead", strict
+            )
+            continue
+        staged = _stage(paths[0], top)
+        _Job.staged_plugins[top] = staged
+        dirs.append(staged)
+    return dirs, modules
+
+
+def _stage(source: str, name: str) -> str:
+    import atexit
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="nrl-shim-ray-plugin-")
+    atexit.register(shutil.rmtree, root, True)
+    target = os.path.join(root, name)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
+
+
+def _cannot_ship(where: str, why: str, strict: bool) -> None:
+    from .. import report
+    from ..errors import UnsupportedConfigError
+
+    message = f"[{ID}] {where} is not shipped to Ray workers: {why}"
+    if strict:
+        raise UnsupportedConfigError(f"{message} (NRL_SHIM_STRICT=1)")
+    report.warn_once(ID, where, message)
 
 
 def _injected_job_runtime_env() -> dict[str, Any]:
@@ -122,8 +194,12 @@ def merge_job_runtime_env(runtime_env: Any, ship: bool, strict: bool = False) ->
         if problem:
             _cannot_merge(*problem, strict=strict)
         else:
-            py_modules = [*(before.get("py_modules") or ()), staged_package()]
+            plugin_dirs, plugin_modules = plugins_to_ship(strict)
+            py_modules = [*(before.get("py_modules") or ()), staged_package(), *plugin_dirs]
             after["py_modules"] = py_modules
+            if plugin_modules and PLUGINS_VAR not in taken:
+                listed = [m for m in os.environ.get(PLUGINS_VAR, "").split(",") if m.strip()]
+                added[PLUGINS_VAR] = ",".join(dict.fromkeys([*listed, *plugin_modules]))
             hook = before.get("worker_process_setup_hook")
             if hook is None:
                 after["worker_process_setup_hook"] = HOOK
@@ -137,7 +213,7 @@ def merge_job_runtime_env(runtime_env: Any, ship: bool, strict: bool = False) ->
                 "ray.init runtime_env['py_modules']",
                 [str(m) for m in before.get("py_modules") or ()],
                 [str(m) for m in py_modules],
-                "so workers with their own Python can import the shim",
+                "so workers with their own Python can import the shim (and its plugin quirks)",
             )
             report.changed(
                 ID,
@@ -168,15 +244,17 @@ def _hook_name(hook: Any) -> str | None:
     return f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__qualname__', repr(hook))}"
 
 
-def _uploaded_uri() -> str | None:
-    """The URI Ray gave our package when ray.init uploaded it (the last py_modules entry of the job's runtime_env)."""
+def _uploaded_uris(count: int) -> list[str]:
+    """The URIs Ray gave our package and the plugins when ray.init uploaded them (the last `count` py_modules entries
+    of the job's runtime_env)."""
     try:
         import ray
 
         modules = ray.get_runtime_context().runtime_env.get("py_modules") or []
     except Exception:  # a Ray without runtime_context.runtime_env: actor-level merges just won't happen
-        return None
-    return modules[-1] if modules and "://" in str(modules[-1]) else None
+        return []
+    shipped = [str(m) for m in modules[-count:]] if len(modules) >= count else []
+    return shipped if all("://" in m for m in shipped) else []
 
 
 def init_wrapper(wrapped, instance, args, kwargs, current):
@@ -186,11 +264,11 @@ def init_wrapper(wrapped, instance, args, kwargs, current):
     if merged is not runtime_env:
         kwargs = dict(kwargs, runtime_env=merged)
     # Before the call: Ray replaces local py_modules by their URIs in place while uploading.
-    shipped = (
-        isinstance(merged, dict) and _Job.staged_dir is not None and _Job.staged_dir in (merged.get("py_modules") or ())
-    )
+    listed = list(merged.get("py_modules") or ()) if isinstance(merged, dict) else []
+    shipped = _Job.staged_dir is not None and _Job.staged_dir in listed
+    count = len(listed) - listed.index(_Job.staged_dir) if shipped else 0  # ours and the plugins', last in the list
     result = wrapped(*args, **kwargs)
-    _Job.shim_uri = _uploaded_uri() if shipped else None
+    _Job.shim_uris = _uploaded_uris(count) if shipped else []
     return result
 
 
@@ -213,19 +291,20 @@ def task_runtime_env_wrapper(wrapped, instance, args, kwargs):
     """An actor's or task's own py_modules replace the job's: append our uploaded package to them. Wrapped at
     submission (get_runtime_env_info), so envs given to @ray.remote before ray.init are covered too."""
     runtime_env = args[0] if args else kwargs.get("runtime_env")
-    uri = _Job.shim_uri
-    if uri and runtime_env and not kwargs.get("is_job_runtime_env"):
+    uris = _Job.shim_uris
+    if uris and runtime_env and not kwargs.get("is_job_runtime_env"):
         modules = runtime_env.get("py_modules")
-        if isinstance(modules, (list, tuple)) and modules and uri not in modules:
+        missing = [uri for uri in uris if isinstance(modules, (list, tuple)) and uri not in modules]
+        if isinstance(modules, (list, tuple)) and modules and missing:
             from .. import report
 
             # Ray's own RuntimeEnv, parsed from the user's options (not the user's dict): updated in place, once.
-            runtime_env["py_modules"] = [*modules, uri]
+            runtime_env["py_modules"] = [*modules, *missing]
             report.changed(
                 ID,
                 "actor/task runtime_env['py_modules']",
                 list(modules),
-                [*modules, uri],
+                [*modules, *missing],
                 "an actor's own py_modules replace the job's; the shim's package must stay",
             )
     return wrapped(*args, **kwargs)

@@ -9,17 +9,26 @@
   keeps CP's handlers and the buffers stay sharded. We restore all three, the way torch does on a normal exit.
 
 Each CP quirk registers its hooks under its own id, so disabling one (NRL_SHIM_DISABLE) leaves the others working; the
-wrapper stays on while at least one CP quirk is patched. Imported from patch() only (wrapt and torch are loaded then).
+wrapper stays on while at least one CP quirk is patched. Imported with the CP quirk modules (for cp_targets, their
+TARGETS); stdlib only at top level, wrapt and torch are touched from patch() only.
 """
 
 import contextlib
 import inspect
 import sys
 import threading
-from typing import Any  # torch already imported typing: this module loads from patch() only
 
-from . import CP_MODULES as TARGETS  # gated on TORCH_CP by each CP quirk
+TYPE_CHECKING = False  # `typing` is not worth importing with a quirk module
+if TYPE_CHECKING:
+    from typing import Any
 
+# Where context_parallel lives: the real code on torch 2.10+, then the 2.6-2.9 module (a re-export stub on 2.10+).
+# Real module first, so the stub's names can be refreshed right after. Gated on TORCH_CP by each CP quirk.
+CP_MODULES = (
+    "torch.distributed.tensor.experimental._context_parallel._attention",
+    "torch.distributed.tensor.experimental._attention",
+)
+TARGETS = CP_MODULES
 CURRENT, LEGACY = TARGETS  # the real code on 2.10+; the real code on 2.6-2.9 and a re-export stub on 2.10+
 _ALIASES = ("torch.distributed.tensor.experimental", LEGACY)  # modules that re-export context_parallel
 _LAYER = "cp-context"  # the id of our one wrapt layer on context_parallel
@@ -200,3 +209,17 @@ def _torch_frame(cm, code):
             return frame
         pending.extend(v for v in frame.f_locals.values() if inspect.isgenerator(v))
     return None
+
+
+def cp_targets(quirk_id, before=None, after=None):
+    """TARGETS entries of a CP quirk for the CP modules: install its hooks on torch's context_parallel. Defined here,
+    beside install/uninstall, so that no module imports this one back (the CP quirk modules import it at top level:
+    stdlib only, and loaded only when a CP quirk is)."""
+
+    def patch_cp(module, settings):
+        install(module, quirk_id, before=before, after=after)
+
+    def unpatch_cp(module):
+        uninstall(module, quirk_id)
+
+    return {name: (patch_cp, unpatch_cp) for name in CP_MODULES}

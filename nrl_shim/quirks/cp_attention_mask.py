@@ -5,7 +5,8 @@ one rank, runs without complaint. While a CP context is active, the SDPA that CP
 with an attn_mask raises one clear error first; calls without a mask go to CP's function unchanged.
 """
 
-from . import TORCH_CP, cp_targets
+from . import TORCH_CP
+from ._torch_cp import cp_targets
 
 ID = "cp-attention-mask"
 SUMMARY = "inside context_parallel: SDPA called with an attn_mask raises a clear error (torch CP supports no mask/bias)"

@@ -7,7 +7,8 @@ flash kernel is needed. Every flash variant of transformers goes through `_flash
 
 import sys
 
-from . import TORCH_CP, TRANSFORMERS_CP, cp_targets
+from . import TORCH_CP, TRANSFORMERS_CP
+from ._torch_cp import cp_targets
 
 ID = "cp-flash-attention"
 SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"

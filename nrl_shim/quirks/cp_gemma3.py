@@ -3,7 +3,8 @@ the sequence is longer than the window, and torch's CP supports SDPA only withou
 A Gemma-3 forward started inside a CP context raises one clear error before any attention runs.
 """
 
-from . import TORCH_CP, TRANSFORMERS_CP, cp_targets
+from . import TORCH_CP, TRANSFORMERS_CP
+from ._torch_cp import cp_targets
 
 ID = "cp-gemma3"
 SUMMARY = (

@@ -6,7 +6,8 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 
 import sys
 
-from . import TORCH_CP, cp_targets
+from . import TORCH_CP
+from ._torch_cp import cp_targets
 
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"

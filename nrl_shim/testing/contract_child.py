@@ -1,4 +1,5 @@
-"""One quirk through the patcher contract, in a fresh interpreter: `python contract_child.py QUIRK_ID ORDER`.
+"""One quirk through the patcher contract, in a fresh interpreter: `python -m nrl_shim.testing.contract_child QUIRK_ID
+ORDER` (run by nrl_shim.testing.QuirkContract; a plugin quirk is found through its entry point or NRL_SHIM_PLUGINS).
 
 ORDER "before": targets imported before activation; then activate twice, deactivate, and the same with another
 tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. ORDER "setup":
@@ -65,13 +66,13 @@ def pickles(obj):
         return f"{type(exc).__name__}: {exc}"
 
 
-def main():
+def main() -> None:
     quirk_id, order = sys.argv[1], sys.argv[2]
     quirk = registry.get(quirk_id)
     others = [q for q in registry.quirk_ids() if q != quirk_id]
     settings = registry.load_settings({"NRL_SHIM_DISABLE": ",".join(others)})
     targets = [t for t in quirk.targets if importable(t)]
-    out = {"targets": targets}
+    out: dict = {"targets": targets}
     if order == "setup":
         import os
 
@@ -83,6 +84,7 @@ def main():
         activation.activate(settings)
         first = state()
         activation.activate(settings)
+        assert quirk.setup is not None
         quirk.setup(settings)  # setup() itself run twice: nothing added the second time
         out["once"] = state() == first
         activation.deactivate()

@@ -1,0 +1,149 @@
+"""Where quirks come from: the entry-point group `nrl_shim.quirks`, found without scanning at every start-up.
+
+A package adds a quirk the way nrl-shim adds its own: a module that declares the quirk contract (see registry), and
+one line in its pyproject.toml:
+
+    [project.entry-points."nrl_shim.quirks"]
+    my-quirk-id = "my_package.my_quirk"      # name = the module's ID; value = the module (no `:attr`)
+
+nrl-shim's own pyproject declares its built-in quirks in the same group; for those, nrl_shim/_quirk_index.py (generated
+from that table by `python -m nrl_shim.docs`) is what the registry reads, so the core's start-up reads no metadata.
+
+Discovery without the cost. `importlib.metadata` costs ~50 ms to import and a scan of every installed distribution
+~7-16 ms in a venv with vLLM's ~160 (measured in the vllm_cpu venv): most of the shim's start-up budget, in every
+interpreter. So a scan's result is cached on disk, keyed by the sys.path entries it scanned and stamped with each
+entry's mtime. Installing or removing a distribution adds or removes a `*.dist-info` directory (or a `.pth`) in a site
+directory, which changes that directory's mtime; the next interpreter start sees a different stamp and scans again.
+What it costs when nothing changed: one os.stat per sys.path entry and one small file read (marshal, a builtin).
+Not watched: the script's own directory and the current directory (`''`), which programs write to all the time; a
+distribution installed there is not found. Plugin packages reach Ray workers with their own Python the way the shim
+does (ray-propagate-env ships them with py_modules and lists their modules in NRL_SHIM_PLUGINS).
+
+Stdlib only (os, sys, marshal): this module is on every interpreter's start-up path.
+"""
+
+import marshal
+import os
+import sys
+
+TYPE_CHECKING = False  # not typing's: start-up path
+if TYPE_CHECKING:
+    # (distribution name, entry-point name or None, module name)
+    Plugin = tuple[str, str | None, str]
+
+GROUP = "nrl_shim.quirks"
+# Quirk modules to load beside the entry points, comma separated: how Ray workers with their own Python (no dist-info
+# of the plugin there) learn which shipped modules are quirks. Users may set it too (a quirk module not packaged yet).
+ENV = "NRL_SHIM_PLUGINS"
+ENV_SOURCE = ENV  # what stands for the distribution in messages about a module listed there
+_FORMAT = 1  # bump when the cached tuple changes shape
+
+
+def declared() -> "tuple[Plugin, ...]":
+    """Every quirk module other packages declare: the entry points of GROUP (cached, see above), then NRL_SHIM_PLUGINS."""
+    found = discovered()
+    extra = tuple((ENV_SOURCE, None, m.strip()) for m in os.environ.get(ENV, "").split(",") if m.strip())
+    return found + extra
+
+
+def discovered() -> "tuple[Plugin, ...]":
+    """The entry points of GROUP in the watched sys.path entries, from the cache when its stamp still matches."""
+    paths = watched_paths()
+    stamp = tuple(_mtime(p) for p in paths)
+    path = cache_file(paths)
+    try:
+        # os.open/os.read rather than open(): no io objects, no isatty/fstat calls; the file is a few hundred bytes.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+        fmt, cached_paths, cached_stamp, found = marshal.loads(data)
+        if fmt == _FORMAT and cached_paths == paths and cached_stamp == stamp:
+            return found
+    except Exception:  # no cache yet, unreadable, another Python's marshal format, torn: scan
+        pass
+    found = scan(paths)
+    _write(path, (_FORMAT, paths, stamp, found))
+    return found
+
+
+def watched_paths() -> "tuple[str, ...]":
+    skip = {""}
+    try:
+        skip.add(os.getcwd())
+    except OSError:
+        pass
+    argv0 = (getattr(sys, "argv", None) or [""])[0]
+    if argv0 and argv0 not in ("-c", "-m"):
+        skip.add(os.path.dirname(os.path.abspath(argv0)))  # the script's directory (sys.path[0] once it runs)
+    return tuple(p for p in sys.path if isinstance(p, str) and p not in skip)
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1  # absent (python311.zip ...): appearing later changes the stamp too
+
+
+def cache_dir() -> str:
+    explicit = os.environ.get("NRL_SHIM_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nrl-shim")
+
+
+def cache_file(paths: "tuple[str, ...]") -> str:
+    # hashlib/zlib are not worth importing here and str hashes differ per process; a tuple of ints hashes the same in
+    # every process of one Python (the cache_tag in the name keeps Pythons apart), computed in C.
+    key = hash(tuple("\0".join(paths).encode("utf-8", "surrogateescape"))) & 0xFFFFFFFFFFFFFFFF
+    return os.path.join(cache_dir(), f"plugins-{sys.implementation.cache_tag}-{key:016x}.marshal")
+
+
+def scan(paths: "tuple[str, ...]") -> "tuple[Plugin, ...]":
+    """The entry points of GROUP in the distributions on `paths` (first one of a name wins, as importlib's own)."""
+    from importlib.metadata import distributions
+
+    found: list[Plugin] = []
+    seen: set[str] = set()
+    for dist in distributions(path=list(paths)):
+        key = getattr(dist, "_normalized_name", None) or str(dist.metadata["Name"])
+        if key in seen:
+            continue
+        seen.add(key)
+        text = dist.read_text("entry_points.txt")
+        if not text or GROUP not in text:  # most distributions: no need to parse
+            continue
+        for ep in dist.entry_points:
+            if ep.group == GROUP:
+                found.append((str(dist.metadata["Name"] or key), ep.name, ep.value.partition(":")[0].strip()))
+    return tuple(found)
+
+
+def _write(path: str, data: "tuple[int, tuple[str, ...], tuple[int, ...], tuple[Plugin, ...]]") -> None:
+    # Atomic (write aside, then rename): processes starting together may all scan; the last rename wins, all equal.
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            marshal.dump(data, f)
+        os.replace(tmp, path)
+        _prune(os.path.dirname(path))
+    except OSError:
+        pass  # a read-only home: correct, only slower (a scan at each start); NRL_SHIM_CACHE_DIR points elsewhere
+
+
+_KEEP = 64  # index files kept: one per distinct sys.path (each Ray job's workers have their own unpacked py_modules)
+
+
+def _prune(directory: str) -> None:
+    """Drop the least recently written index files beyond _KEEP (this runs only after a scan)."""
+    try:
+        files = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith("plugins-")]
+        if len(files) > _KEEP:
+            for old in sorted(files, key=_mtime)[: len(files) - _KEEP]:
+                os.remove(old)
+    except OSError:
+        pass  # another process pruned the same file first
