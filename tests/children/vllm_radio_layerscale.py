@@ -1,8 +1,10 @@
 """vLLM's REAL RADIO vision encoder (vllm.model_executor.models.radio.RadioModel) built and loaded on CPU through
 vLLM's own loaders, for the vllm-radio-layerscale tests. Prints one JSON line.
 
-    python vllm_radio_layerscale.py --write DIR     # two tiny checkpoints: DIR/explicit (non-identity ls1/ls2), DIR/folded
-    python vllm_radio_layerscale.py DIR             # every case below, in this interpreter (shim on or off by env)
+    python vllm_radio_layerscale.py DIR    # every case below, in this interpreter (shim on or off by env)
+
+It first writes two tiny checkpoints, DIR/explicit (non-identity ls1/ls2) and DIR/folded (no LayerScale), unless
+they are there (`--write DIR` writes only them).
 
 RadioModel is not a model vLLM serves on its own: Nemotron Nano VL (NemotronH_Nano_VL_V2) holds it as
 `vision_model`, behind a Mamba-hybrid language model this machine cannot build. In its place the harness registers,
@@ -74,6 +76,15 @@ def tower_class():
 
 
 def _platform():
+    if not _PLATFORM:
+        _PLATFORM.extend(_set_up())
+    return _PLATFORM
+
+
+_PLATFORM = []
+
+
+def _set_up():
     from vllm_model_objects import _cpu_runner_setup, _init_distributed, use_cpu_platform
 
     platform = use_cpu_platform()
@@ -245,6 +256,8 @@ def main(argv):
         print(json.dumps(write(argv[1])))
         return
     directory = argv[0]
+    if not os.path.isfile(os.path.join(directory, "folded", "config.json")):
+        write(directory)
     platform, init_distributed = _platform()
     import vllm
 
