@@ -5,9 +5,9 @@ tests/children/vllm_eagle3_lm_head.py), through vLLM's two sharing rules — the
 draft's head is replaced by the target's (512 rows for 128 draft tokens) and a refit of the draft's head fails; with
 it the draft keeps its own 128-row head and the refit lands in it."""
 
-from nrl_shim.quirks import vllm_eagle3_own_lm_head as quirk
-
 from vllm_object_tests import requires, run_children, shim_lines
+
+from nrl_shim.quirks import vllm_eagle3_own_lm_head as quirk
 
 PATHS = ("gpu_runner_load_eagle_model", "proposer_maybe_share_lm_head")
 

@@ -4,10 +4,9 @@ off shows the bug — the checkpoint's LayerScale ignored, the encoder's output 
 never refit and named by the refit guard — and the fix on shows each case right."""
 
 import pytest
+from vllm_object_tests import requires, run_children, shim_lines
 
 from nrl_shim.quirks import vllm_radio_layerscale as quirk
-
-from vllm_object_tests import requires, run_children, shim_lines
 
 LAYERSCALES = [f"vision_model.model.encoder.layers.{i}.{ls}" for i in range(2) for ls in ("ls1", "ls2")]
 

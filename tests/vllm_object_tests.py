@@ -55,7 +55,9 @@ def run_children(name, runs, timeout=600):
     try:
         for label, proc in procs.items():
             stdout, stderr = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"{label}: child failed (rc={proc.returncode})\n{stdout[-3000:]}\n{stderr[-6000:]}"
+            assert proc.returncode == 0, (
+                f"{label}: child failed (rc={proc.returncode})\n{stdout[-3000:]}\n{stderr[-6000:]}"
+            )
             results[label] = (last_json_object(stdout), stderr)
     finally:
         for proc in procs.values():
@@ -67,5 +69,3 @@ def run_children(name, runs, timeout=600):
 
 def shim_lines(stderr, quirk_id):
     return [line for line in stderr.splitlines() if line.startswith("nrl_shim ") and f"[{quirk_id}]" in line]
-
-

@@ -21,8 +21,6 @@ weight can't equal the target's: the shapes differ). A draft with the full vocab
 Idle ("nothing to change") when the model sets the flag itself (fixed upstream, or NeMo RL's rewrite in place).
 """
 
-from . import VLLM
-
 ID = "vllm-eagle3-own-lm-head"
 SUMMARY = "Eagle3 drafts with a truncated vocabulary keep their own LM head (has_own_lm_head), not the target's"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"

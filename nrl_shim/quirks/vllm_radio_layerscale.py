@@ -21,10 +21,10 @@ Idle ("nothing to change") when RadioModel.load_weights no longer skips LayerSca
 rewrite of radio.py already in place): decided on the code that runs, not the version.
 """
 
-from . import VLLM
-
 ID = "vllm-radio-layerscale"
-SUMMARY = "RADIO vision encoder (Nemotron Nano VL): load LayerScale ls1/ls2 from the weights; absent -> initializer_factor"
+SUMMARY = (
+    "RADIO vision encoder (Nemotron Nano VL): load LayerScale ls1/ls2 from the weights; absent -> initializer_factor"
+)
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
 VERSIONS = ">=0.11.0,<0.34"  # radio.py and its skip: 0.11.0 - 0.33.0 (the shim's vLLM range ends at 0.34)
@@ -39,7 +39,14 @@ _LOADED = "_nrl_shim_layerscale_loaded"  # on a model: the names of its LayerSca
 
 def skips_layerscale(function):
     """True when `function` (RadioModel.load_weights) is vLLM's code that drops ls1/ls2: its code holds the constant
-    {"ls1", "ls2"} it tests the suffix against. NeMo RL's rewrite and a future fix don't."""
+    {"ls1", "ls2"} it tests the suffix against. NeMo RL's rewrite and a future fix don't. Read through wrappers
+    (functools.wraps' __wrapped__: ours, a tracer's)."""
+    import inspect
+
+    try:
+        function = inspect.unwrap(function)
+    except ValueError:  # a cycle of __wrapped__
+        return False
     code = getattr(function, "__code__", None)
     return code is not None and frozenset(("ls1", "ls2")) in code.co_consts
 
@@ -59,7 +66,7 @@ def layerscale_target(name):
 def patch(module, settings):
     from .. import report
 
-    load_weights = getattr(module.RadioModel, "load_weights")
+    load_weights = module.RadioModel.load_weights
     if not skips_layerscale(load_weights):
         report.unchanged(ID, "RadioModel.load_weights", "it loads LayerScale ls1/ls2 itself")
         return
@@ -111,9 +118,7 @@ def _load_layerscale(model, seen):
             loaded.add(name)
             written.add(name)
         if written:
-            report.changed(
-                ID, "RadioModel.load_weights: LayerScale ls1/ls2 in the weights", "skipped", "loaded", _WHY
-            )
+            report.changed(ID, "RadioModel.load_weights: LayerScale ls1/ls2 in the weights", "skipped", "loaded", _WHY)
         absent = [name for name in params if name not in loaded]
         factor = getattr(getattr(model, "config", None), "initializer_factor", None)
         if not absent or factor is None:

@@ -137,9 +137,7 @@ def main(directory):
 
     proposer = object.__new__(EagleProposer)
     proposer.vllm_config, proposer.speculative_config = vllm_config, vllm_config.speculative_config  # as __init__ sets
-    proposer.model = get_model(
-        vllm_config=vllm_config, model_config=vllm_config.speculative_config.draft_model_config
-    )
+    proposer.model = get_model(vllm_config=vllm_config, model_config=vllm_config.speculative_config.draft_model_config)
     proposer.use_local_argmax_reduction = False  # read after the decision on recent releases (__init__'s default)
     state = {"proposer": EagleProposer.__name__}
     try:

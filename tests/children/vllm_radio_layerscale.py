@@ -225,7 +225,6 @@ def refit_case(model_dir, refit_dir, init_distributed, buckets=False):
     """Dummy load, then a refit through the model's own load_weights from `refit_dir`'s weights (optionally a second
     call with a bucket of two non-LayerScale tensors), then one generation step (the forward)."""
     import torch
-
     from log_records import Records
 
     records = Records()
