@@ -3,10 +3,16 @@
 off shows the bug — the checkpoint's LayerScale ignored, the encoder's output off the reference, dummy LayerScale
 never refit and named by the refit guard — and the fix on shows each case right."""
 
+import os
+
 import pytest
+from nemo_rl_helpers import nemo_rl_source
 from vllm_object_tests import requires, run_children, shim_lines
 
 from nrl_shim.quirks import vllm_radio_layerscale as quirk
+
+from conftest import run_child_json
+from vllm_helpers import VLLM_VERSION
 
 LAYERSCALES = [f"vision_model.model.encoder.layers.{i}.{ls}" for i in range(2) for ls in ("ls1", "ls2")]
 
@@ -93,3 +99,32 @@ def test_radio_layerscale(tmp_path):
     assert any("'skipped' -> 'loaded'" in line for line in lines)
     assert any("-> 'initializer_factor 0.5'" in line for line in lines)
     assert all(quirk.LINK in line for line in lines)
+
+
+# ---------------------------------------------------------------- beside NeMo RL HEAD's rewrite of radio.py
+
+NEMO_RL_HEAD = "7ea279abf"
+
+
+def test_idle_under_nemo_rl_rewrite():
+    """NeMo RL HEAD rewrites radio.py at every worker start: the shim must see its loader and stay idle (one INFO),
+    never wrap it (its loader resets LayerScale the shim would have loaded). The rewrite is applied in memory."""
+    if VLLM_VERSION is None:
+        pytest.skip("vLLM is not installed in this interpreter")
+    source, missing = nemo_rl_source(
+        NEMO_RL_HEAD, "NRL_SHIM_NEMO_RL_7EA279ABF", "nemo_rl/models/generation/vllm/patches.py"
+    )
+    if missing:
+        pytest.skip(missing)
+    out, _ = run_child_json(
+        "vllm_radio_nemo_rl_rewrite",
+        os.path.join(source, "nemo_rl/models/generation/vllm/patches.py"),
+        env={"NRL_SHIM": "0"},
+    )
+    assert out["vllm_own_skips"] is True
+    if not out["snippet_matches"]:
+        pytest.skip(f"NeMo RL {NEMO_RL_HEAD}'s radio.py snippet does not match vLLM {VLLM_VERSION}")
+    assert out["rewritten_skips"] is False and out["wrapped"] is False
+    assert out["log"] == [
+        ["INFO", f"[{quirk.ID}] RadioModel.load_weights: nothing to change (it loads LayerScale ls1/ls2 itself)"]
+    ]
