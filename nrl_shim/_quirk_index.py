@@ -126,6 +126,20 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm_radio_layerscale",
+        "vllm-radio-layerscale",
+        ("vllm.model_executor.models.radio",),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.vllm_eagle3_own_lm_head",
+        "vllm-eagle3-own-lm-head",
+        ("vllm.model_executor.models.llama_eagle3",),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm_prefix_cache_refit",
         "vllm-prefix-cache-refit",
         (
