@@ -126,6 +126,20 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm_mq_bind_retry",
+        "vllm-mq-bind-retry",
+        ("vllm.distributed.device_communicators.shm_broadcast",),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.vllm_ray_tcpstore_port",
+        "vllm-ray-tcpstore-port",
+        ("vllm.v1.executor.ray_executor_v2",),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.cp_attention_mask",
         "cp-attention-mask",
         (

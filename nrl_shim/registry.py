@@ -48,6 +48,8 @@ QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_async_timeout",
     "nrl_shim.quirks.vllm_refit_guard",
     "nrl_shim.quirks.vllm_cpu_refit",
+    "nrl_shim.quirks.vllm_mq_bind_retry",
+    "nrl_shim.quirks.vllm_ray_tcpstore_port",
     "nrl_shim.quirks.cp_attention_mask",
     "nrl_shim.quirks.cp_gemma3",
     "nrl_shim.quirks.cp_flash_attention",
