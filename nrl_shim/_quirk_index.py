@@ -140,6 +140,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm_openai_namespace_tool",
+        "vllm-openai-namespace-tool",
+        ("vllm.tool_parsers.utils",),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.cp_attention_mask",
         "cp-attention-mask",
         (
@@ -198,5 +205,9 @@ QUIRKS = (
             ),
         ),
     ),
+)
+# Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
+PRE_TARGETS = (
+    ("vllm.tool_parsers.utils", "vllm-openai-namespace-tool"),
 )
 # fmt: on

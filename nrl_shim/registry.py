@@ -10,6 +10,10 @@ A quirk module declares (ddtrace/OpenTelemetry style):
                                that acts through torch's context_parallel)
     TARGETS                 -- module names, each patched once imported (before or after activation): a tuple (the
                                module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
+    PRE_TARGETS             -- optional {name: before(module, settings)}: run right before that target module executes
+                               (its namespace still empty; for fixes that must act before its code runs, e.g. a name
+                               its imports need); `before` returns None or a callable run once the module executed,
+                               whether it succeeded or not. Each name is also in TARGETS. Carried in the index.
     patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
                                active Settings, handed down by activation (quirks never import activation)
     setup(settings)         -- optional, runs at activation (stdlib only): the one reason a quirk module is imported
@@ -50,6 +54,7 @@ QUIRK_MODULES = (
     "nrl_shim.quirks.vllm_cpu_refit",
     "nrl_shim.quirks.vllm_mq_bind_retry",
     "nrl_shim.quirks.vllm_ray_tcpstore_port",
+    "nrl_shim.quirks.vllm_openai_namespace_tool",
     "nrl_shim.quirks.cp_attention_mask",
     "nrl_shim.quirks.cp_gemma3",
     "nrl_shim.quirks.cp_flash_attention",
@@ -263,6 +268,34 @@ def with_setup(settings: "Settings") -> "list[Quirk]":
 def _import(name: str) -> "ModuleType":
     __import__(name)  # plain __import__: `importlib` itself is not loaded at interpreter start-up
     return sys.modules[name]
+
+
+_PRE_ENTRIES: "tuple[tuple[str, str], ...] | None" = None
+
+
+def _pre_entries() -> "tuple[tuple[str, str], ...]":
+    """(target module name, quirk id) per PRE_TARGETS entry: from the index, or the modules when it is stale."""
+    global _PRE_ENTRIES
+    if _PRE_ENTRIES is None:
+        from . import _quirk_index
+
+        entries = _entries()
+        if entries is _quirk_index.QUIRKS:
+            _PRE_ENTRIES = getattr(_quirk_index, "PRE_TARGETS", ())
+        else:
+            modules = [_import(entry[0]) for entry in entries]
+            _PRE_ENTRIES = tuple((n, m.ID) for m in modules for n in getattr(m, "PRE_TARGETS", {}))
+    return _PRE_ENTRIES
+
+
+def pre_targets(settings: "Settings") -> "frozenset[str]":
+    """The module names with a PRE_TARGETS hook of a quirk enabled in `settings`."""
+    return frozenset(name for name, quirk_id in _pre_entries() if settings.is_enabled(quirk_id))
+
+
+def pre_quirks(name: str, settings: "Settings") -> "list[Quirk]":
+    """The enabled quirks with a PRE_TARGETS hook for module `name`, in registry order."""
+    return [get(quirk_id) for target, quirk_id in _pre_entries() if target == name and settings.is_enabled(quirk_id)]
 
 
 def quirk_ids() -> "tuple[str, ...]":
