@@ -88,6 +88,45 @@ def test_readme_tables_are_the_declarations():
         )
 
 
+def test_pre_targets_are_targets_and_carried_in_the_index():
+    """PRE_TARGETS (hooks run before a target module executes): each a declared target with a callable, and the
+    generated index lists them so activation knows them without importing the quirk modules."""
+    from nrl_shim import _quirk_index
+
+    declared = []
+    for quirk in QUIRKS:
+        hooks = getattr(quirk.module, "PRE_TARGETS", {})
+        assert isinstance(hooks, dict), quirk.id
+        for name, before in hooks.items():
+            assert name in quirk.targets and callable(before), (quirk.id, name)
+            declared.append((name, quirk.id))
+    assert tuple(declared) == _quirk_index.PRE_TARGETS == registry._pre_entries()
+
+
+WITH_PRE_TARGETS = [q for q in QUIRKS if getattr(q.module, "PRE_TARGETS", None)]
+
+
+@pytest.mark.parametrize("quirk", WITH_PRE_TARGETS, ids=[q.id for q in WITH_PRE_TARGETS])
+def test_pre_targets_run_before_the_module_executes(quirk):
+    applicable(quirk)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "children" / "pre_target_order.py"), quirk.id],
+        env=child_env({"NRL_SHIM": "0"}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["errors"] == {}, out
+    if not out["seen"]:
+        pytest.skip(f"{quirk.id}: none of its PRE_TARGETS is importable here")
+    for name, entry in out["seen"].items():
+        assert entry["names_before"] == 0, (name, entry)  # ran before the module's own code
+        assert entry["undone_after_exec"] in (None, True), (name, entry)  # its undo ran after, if it returned one
+        assert [quirk.id, name] in out["patched"]  # and the target's patch() ran after, as for any target
+
+
 def test_variables_are_declared_once():
     names = [v.name for v in registry.variables()]
     assert len(names) == len(set(names)), names

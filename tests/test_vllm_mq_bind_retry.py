@@ -26,9 +26,9 @@ from vllm_net_helpers import (
     vllm_dir,
 )
 
-from conftest import child_env, child_path, run_child_json
-
 from nrl_shim.quirks.vllm_mq_bind_retry import AFFECTED, ID
+
+from conftest import child_env, child_path, run_child_json
 
 PROCESSES, ROUNDS = 8, 8
 FILE = "distributed/device_communicators/shm_broadcast.py"

@@ -23,15 +23,16 @@ from vllm_net_helpers import (
     vllm_dir,
 )
 
-from conftest import child_env, run_child_json
-
 from nrl_shim.quirks.vllm_openai_namespace_tool import ID, MODULE
+
+from conftest import child_env, run_child_json
 
 OLD_OPENAI = os.environ.get("NRL_SHIM_TEST_OLD_OPENAI")
 FILE = "tool_parsers/utils.py"
 pytestmark = pytest.mark.skipif(VLLM_VERSION is None, reason="vLLM is not installed")
 needs_old_openai = pytest.mark.skipif(
-    not OLD_OPENAI, reason="NRL_SHIM_TEST_OLD_OPENAI (a directory with openai < 2.25) is not set; nox -s nemo_rl_head sets it"
+    not OLD_OPENAI,
+    reason="NRL_SHIM_TEST_OLD_OPENAI (a directory with openai < 2.25) is not set; nox -s nemo_rl_head sets it",
 )
 needs_file = pytest.mark.skipif(
     VLLM_VERSION is not None and not (vllm_dir() / FILE).is_file(), reason=f"this vLLM has no {FILE}"

@@ -14,9 +14,9 @@ shared cores (minutes each) for a port choice that this test exercises with vLLM
 import pytest
 from vllm_net_helpers import NEMO_RL, NO_NEMO_RL, VLLM_VERSION, affected, free_band, nemo_rl_patch, vllm_copy
 
-from conftest import child_env, run_child_json
-
 from nrl_shim.quirks.vllm_ray_tcpstore_port import AFFECTED, ID, OFFSET
+
+from conftest import child_env, run_child_json
 
 FILE = "v1/executor/ray_executor_v2.py"
 MODULE = "vllm.v1.executor.ray_executor_v2"
@@ -28,7 +28,9 @@ needs_affected = pytest.mark.skipif(
 
 def steps(shim, env=None):
     base = free_band()
-    out, proc = run_child_json("tcpstore_port", env={"NRL_SHIM": "1" if shim else "0", "VLLM_PORT": str(base), **(env or {})})
+    out, proc = run_child_json(
+        "tcpstore_port", env={"NRL_SHIM": "1" if shim else "0", "VLLM_PORT": str(base), **(env or {})}
+    )
     return base, out, proc.stderr
 
 

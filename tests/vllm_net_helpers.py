@@ -88,7 +88,13 @@ def can_mount_read_only():
     if not shutil.which("unshare"):
         return False
     probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && ! touch /tmp/.nrl-ro"],
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && ! touch /tmp/.nrl-ro",
+        ],
         capture_output=True,
     )
     return probe.returncode == 0

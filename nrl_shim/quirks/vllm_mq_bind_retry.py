@@ -107,7 +107,12 @@ def patch(module, settings):
         queue = stack[-1] if stack else None
         socket = getattr(queue, "remote_socket", None) if queue is not None else None
         # Only the call MessageQueue.__init__ makes right after creating its remote socket.
-        if socket is not None and not isinstance(socket, _RetryingSocket) and isinstance(port, int):
+        if (
+            queue is not None
+            and socket is not None
+            and not isinstance(socket, _RetryingSocket)
+            and isinstance(port, int)
+        ):
             queue.remote_socket = _RetryingSocket(socket, port)
         return port
 
@@ -123,7 +128,7 @@ def patch(module, settings):
                 instance.remote_socket = socket._socket
                 handle = getattr(instance, "handle", None)
                 address = getattr(handle, "remote_subscribe_addr", None)
-                if socket.bound != socket.probed and isinstance(address, str):
+                if handle is not None and socket.bound != socket.probed and isinstance(address, str):
                     handle.remote_subscribe_addr = f"{address.rpartition(':')[0]}:{socket.bound}"
 
     wrap(module, "get_open_port", get_open_port_wrapper, ID)

@@ -43,10 +43,13 @@ def _refuse(cls, *args, **kwargs):
 
 def stand_in(name):
     """A type named `name` that no object is an instance of and that cannot be instantiated."""
-    namespace = {"__module__": SOURCE, "__new__": _refuse, "__doc__": f"nrl-shim stand-in ({ID}): no {name} here"}
-    cls = _NeverAnInstance(name, (), namespace)
-    cls._nrl_shim_stand_in = True
-    return cls
+    namespace = {
+        "__module__": SOURCE,
+        "__new__": _refuse,
+        "__doc__": f"nrl-shim stand-in ({ID}): no {name} here",
+        "_nrl_shim_stand_in": True,
+    }
+    return _NeverAnInstance(name, (), namespace)
 
 
 def unguarded_imports(source):
@@ -64,8 +67,7 @@ def before(module, settings):
     """Runs before vllm.tool_parsers.utils executes; returns what to undo once it executed."""
     from .. import report
 
-    spec = getattr(module, "__spec__", None)
-    with open(spec.origin, encoding="utf-8") as handle:
+    with open(module.__spec__.origin, encoding="utf-8") as handle:
         wanted = unguarded_imports(handle.read())
     import importlib
 
@@ -85,7 +87,11 @@ def before(module, settings):
         added[name] = stand_in(name)
         setattr(responses, name, added[name])
         report.changed(
-            ID, f"{SOURCE}.{name} while {MODULE} imports", "missing (ImportError)", "a stand-in nothing is an instance of", _WHY
+            ID,
+            f"{SOURCE}.{name} while {MODULE} imports",
+            "missing (ImportError)",
+            "a stand-in nothing is an instance of",
+            _WHY,
         )
 
     def withdraw():

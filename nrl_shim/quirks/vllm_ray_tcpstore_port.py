@@ -47,7 +47,9 @@ def _why_idle(module, version):
     except (OSError, TypeError):
         source = ""
     if NEMO_RL_MARKER in source:
-        return "vLLM's file already searches past the queue's scan (NeMo RL's _patch_vllm_ray_executor_v2_tcpstore_port)"
+        return (
+            "vLLM's file already searches past the queue's scan (NeMo RL's _patch_vllm_ray_executor_v2_tcpstore_port)"
+        )
     return None
 
 
