@@ -89,16 +89,12 @@ def test_next_to_nemo_rls_rewrite_the_shim_is_idle_and_never_doubles_the_retry(t
     assert proc.returncode == 0 and "Successfully patched" in proc.stderr, proc.stderr[-3000:]
     assert "_nrl_bind_attempts" in (tmp_path / "vllm" / FILE).read_text()
     assert "_nrl_bind_attempts" not in (vllm_dir() / FILE).read_text()  # the venv's own file untouched
-    out, _ = run_child_json(
-        "quirk_lines", MODULE, env={"PYTHONPATH": f"{root}:{child_env()['PYTHONPATH']}", "NRL_SHIM_LOG_LEVEL": "INFO"}
-    )
-    mine = [line for line in out["lines"] if f"[{ID}]" in line]
-    assert len(mine) == 1 and "nothing to change" in mine[0] and "NeMo RL" in mine[0], mine
-    assert [ID, MODULE] in out["patched"]
-    # NeMo RL's own retry does the job alone; the shim adds no second loop (no change line of its own).
+    # NeMo RL's own retry does the job alone: the shim says so once (in the forkserver that imported the module) and
+    # adds no second loop (no retry line of its own, nothing wrapped).
     base, results, log = race(shim=True, pythonpath=root, rounds=3)
     assert not errors(results), errors(results)
-    assert f"[{ID}] vLLM MessageQueue remote port:" not in log
+    mine = [line for line in log.splitlines() if f"[{ID}]" in line]
+    assert len(mine) == 1 and "nothing to change" in mine[0] and "NeMo RL" in mine[0], mine
 
 
 @needs_affected
