@@ -140,6 +140,27 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm_mq_bind_retry",
+        "vllm-mq-bind-retry",
+        ("vllm.distributed.device_communicators.shm_broadcast",),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.vllm_ray_tcpstore_port",
+        "vllm-ray-tcpstore-port",
+        ("vllm.v1.executor.ray_executor_v2",),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.vllm_openai_namespace_tool",
+        "vllm-openai-namespace-tool",
+        ("vllm.tool_parsers.utils",),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm_prefix_cache_refit",
         "vllm-prefix-cache-refit",
         (
@@ -217,5 +238,9 @@ QUIRKS = (
             ),
         ),
     ),
+)
+# Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
+PRE_TARGETS = (
+    ("vllm.tool_parsers.utils", "vllm-openai-namespace-tool"),
 )
 # fmt: on

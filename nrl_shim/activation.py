@@ -14,6 +14,7 @@ from .settings import _FALSE
 
 TYPE_CHECKING = False  # not typing's: `typing` is not worth importing at every interpreter start-up
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from importlib.machinery import ModuleSpec
     from types import FrameType, ModuleType
     from typing import Any
@@ -27,6 +28,7 @@ class _State:
     settings: "Settings | None" = None
     exported_nrl_shim = False  # we set NRL_SHIM=1 ourselves (so children activate) and must remove it on deactivate
     targets: "frozenset[str]" = frozenset()  # module names of the enabled quirks' targets
+    pre_targets: "frozenset[str]" = frozenset()  # those with a PRE_TARGETS hook (run before the module executes)
     patched: "set[tuple[str, str]]" = set()  # (quirk id, target module name) currently patched
     applying: "set[tuple[str, str]]" = set()  # (quirk id, target module name) being patched by some thread right now
     gates: "dict[str, tuple[bool, str | None, str]]" = {}  # quirk id -> (applies, version, reason), computed on first target import
@@ -69,6 +71,7 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
                 _State.exported_nrl_shim = True
             _State.settings, _State.active = settings, True
             _State.targets = registry.targets(settings)
+            _State.pre_targets = registry.pre_targets(settings)
             for quirk in registry.with_setup(settings):  # the only quirk modules imported here (and plugins')
                 if quirk.setup:
                     _setup(quirk, settings)
@@ -222,7 +225,12 @@ class _NotifyingLoader:
         spec = getattr(module, "__spec__", None)
         if spec is not None:
             spec.loader = self.loader
-        self.loader.exec_module(module)
+        undo = _before_exec(module) if module.__name__ in _State.pre_targets else ()
+        try:
+            self.loader.exec_module(module)
+        finally:
+            for step in undo:
+                step()
         _on_import(module)
 
 
@@ -238,6 +246,35 @@ def _on_import(module: "ModuleType") -> None:
         quirks = [q for q in _enabled_quirks() if module.__name__ in q.targets]
     for quirk in quirks:
         _apply(quirk, module)
+
+
+def _before_exec(module: "ModuleType") -> "list[Callable[[], object]]":
+    """Run the PRE_TARGETS hooks of the enabled quirks for `module`, about to execute; return what to run after."""
+    settings = _State.settings
+    if settings is None or not _State.active:
+        return []
+    undo = []
+    for quirk in registry.pre_quirks(module.__name__, settings):
+        if quirk.id not in _State.gates:
+            _State.gates[quirk.id] = quirk.gate()
+        applies, version, reason = _State.gates[quirk.id]
+        if not applies:
+            if version is not None:
+                _skip(quirk, reason)
+            continue
+        _report()
+        from .errors import ShimError
+
+        try:
+            after = quirk.module.PRE_TARGETS[module.__name__](module, settings)
+        except ShimError:
+            raise
+        except Exception as exc:  # never break the user's import over a fix we could not apply
+            _skip(quirk, f"could not prepare {module.__name__}: {type(exc).__name__}: {exc}")
+            continue
+        if after is not None:
+            undo.append(after)
+    return undo
 
 
 def _apply(quirk: "Quirk", module: "ModuleType") -> None:

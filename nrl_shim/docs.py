@@ -219,7 +219,21 @@ def quirk_index_source(modules: Iterable[str] | None = None) -> str:
     if used:
         names = ["Variable", *sorted(used - {"Variable"})]
         imports = f"\nfrom .settings import {', '.join(names)}\n"
-    return _INDEX_DOC + imports + "\n# fmt: off\nQUIRKS = (\n" + "".join(entries) + ")\n# fmt: on\n"
+    # Targets with a hook run before the module executes (PRE_TARGETS): (module name, quirk id).
+    pre = "".join(
+        f"    ({_string(target)}, {_string(quirk.id)}),\n"
+        for quirk in (Quirk(_import(name)) for name in modules)
+        for target in getattr(quirk.module, "PRE_TARGETS", {})
+    )
+    return (
+        _INDEX_DOC
+        + imports
+        + "\n# fmt: off\nQUIRKS = (\n"
+        + "".join(entries)
+        + ")\n# Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).\nPRE_TARGETS = (\n"
+        + pre
+        + ")\n# fmt: on\n"
+    )
 
 
 def write_quirk_index(path: Path = INDEX_PATH) -> bool:

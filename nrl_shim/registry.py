@@ -12,6 +12,10 @@ A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk A
                                that acts through torch's context_parallel)
     TARGETS                 -- module names, each patched once imported (before or after activation): a tuple (the
                                module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
+    PRE_TARGETS             -- optional {name: before(module, settings)}: run right before that target module executes
+                               (its namespace still empty; for fixes that must act before its code runs, e.g. a name
+                               its imports need); `before` returns None or a callable run once the module executed,
+                               whether it succeeded or not. Each name is also in TARGETS. Carried in the index.
     patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
                                active Settings, handed down by activation (quirks never import activation)
     setup(settings)         -- optional, runs at activation (stdlib only): the one reason a quirk module is imported
@@ -346,6 +350,36 @@ def with_setup(settings: "Settings") -> "list[Quirk]":
 def _import(name: str) -> "ModuleType":
     __import__(name)  # plain __import__: `importlib` itself is not loaded at interpreter start-up
     return sys.modules[name]
+
+
+_PRE_ENTRIES: "tuple[tuple[str, str], ...] | None" = None
+
+
+def _pre_entries() -> "tuple[tuple[str, str], ...]":
+    """(target module name, quirk id) per PRE_TARGETS entry: the built-ins' from the index, plugins' from their modules
+    (imported already: that is how the registry reads a plugin)."""
+    global _PRE_ENTRIES
+    if _PRE_ENTRIES is None:
+        from . import _quirk_index
+
+        entries: tuple[tuple[str, str], ...] = tuple(getattr(_quirk_index, "PRE_TARGETS", ()))
+        builtin = {entry[1] for entry in _quirk_index.QUIRKS}
+        for entry in _entries():
+            if entry[1] not in builtin:
+                module = _import(entry[0])
+                entries += tuple((name, module.ID) for name in getattr(module, "PRE_TARGETS", {}))
+        _PRE_ENTRIES = entries
+    return _PRE_ENTRIES
+
+
+def pre_targets(settings: "Settings") -> "frozenset[str]":
+    """The module names with a PRE_TARGETS hook of a quirk enabled in `settings`."""
+    return frozenset(name for name, quirk_id in _pre_entries() if settings.is_enabled(quirk_id))
+
+
+def pre_quirks(name: str, settings: "Settings") -> "list[Quirk]":
+    """The enabled quirks with a PRE_TARGETS hook for module `name`, in registry order."""
+    return [get(quirk_id) for target, quirk_id in _pre_entries() if target == name and settings.is_enabled(quirk_id)]
 
 
 def quirk_ids() -> "tuple[str, ...]":

@@ -52,6 +52,21 @@ def test_docs_generation_rewrites_only_the_blocks(tmp_path):
         render("no markers here", {"quirks": lambda: "x"})
 
 
+def test_pre_targets_are_targets_and_carried_in_the_index():
+    """PRE_TARGETS (hooks run before a target module executes): each a declared target with a callable, and the
+    generated index lists them so activation knows them without importing the quirk modules."""
+    from nrl_shim import _quirk_index
+
+    declared = []
+    for quirk in registry.quirks():
+        hooks = getattr(quirk.module, "PRE_TARGETS", {})
+        assert isinstance(hooks, dict), quirk.id
+        for name, before in hooks.items():
+            assert name in quirk.targets and callable(before), (quirk.id, name)
+            declared.append((name, quirk.id))
+    assert tuple(declared) == _quirk_index.PRE_TARGETS == registry._pre_entries()
+
+
 def test_variables_are_declared_once():
     names = [v.name for v in registry.variables()]
     assert len(names) == len(set(names)), names

@@ -137,6 +137,32 @@ class QuirkContract:
         assert out["patched"] == sorted(out["targets"])
         assert all(count == 1 for count in out["layers"].values()), out["layers"]
 
+    def test_pre_targets_run_before_the_module_executes(self, quirk_module: str) -> None:
+        # PRE_TARGETS hooks (a fix that must be in place before a module's own code runs, e.g. a missing name it
+        # imports): each runs before its module executes, what it returns runs right after, and patch() still follows.
+        quirk = self._quirk(quirk_module)
+        if not getattr(quirk.module, "PRE_TARGETS", None):
+            pytest.skip(f"{quirk.id}: no PRE_TARGETS")
+        self._applicable(quirk)
+        for name, before in quirk.module.PRE_TARGETS.items():
+            assert name in quirk.targets and callable(before), (quirk.id, name)
+        proc = subprocess.run(
+            [sys.executable, "-m", "nrl_shim.testing.pre_target_order", quirk.id],
+            env=self.child_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["errors"] == {}, out
+        if not out["seen"]:
+            pytest.skip(f"{quirk.id}: none of its PRE_TARGETS is importable here")
+        for name, entry in out["seen"].items():
+            assert entry["names_before"] == 0, (name, entry)  # ran before the module's own code
+            assert entry["undone_after_exec"] in (None, True), (name, entry)  # its undo ran after, if it returned one
+            assert [quirk.id, name] in out["patched"]  # and the target's patch() ran after, as for any target
+
     def test_setup_is_undone_by_teardown(self, quirk_module: str) -> None:
         # Whatever setup() installs at activation (import-system entries, exported variables) is there once however
         # often activation runs, and deactivation takes it away again.
