@@ -68,8 +68,17 @@ def logprob_gaps(out):
     return [abs(a - b) for got, ref in zip(out["logprobs"], out["reference_logprobs"]) for a, b in zip(got, ref)]
 
 
+# The prefix-cache fix is verified from vLLM 0.25 on: on this release it is skipped, with one warning saying so (its
+# own test below); the other tests look at the lines of the fixes they are about.
+PREFIX_CACHE_SKIP = "[vllm-prefix-cache-refit] fix skipped: vllm 0.9.1"
+
+
 def shim_lines(out, level=None):
-    return [message for lvl, message in out["shim_log"] if level is None or lvl == level]
+    return [
+        message
+        for lvl, message in out["shim_log"]
+        if (level is None or lvl == level) and not message.startswith(PREFIX_CACHE_SKIP)
+    ]
 
 
 def load_format_line(model):
@@ -100,6 +109,8 @@ def test_the_shim_fixes_it(engine, models, tmp_path):
     assert out["tokens"] == out["reference"]
     assert max(logprob_gaps(out)) < LOGPROB_NOISE[ENGINES[engine]["dtype"]]
     assert load_format_line(models[engine]) in "\n".join(shim_lines(out, "INFO"))
+    # A fix outside its verified range: skipped with at most one warning per process, never an error.
+    assert len([m for _, m in out["shim_log"] if m.startswith(PREFIX_CACHE_SKIP)]) <= 1
     assert out["guarded"] is False  # real weights: nothing for the refit guard to watch
     if engine == "V1":
         # vLLM's CPU platform makes every engine eager itself (so enforce_eager is True either way): the shim's own
@@ -126,7 +137,14 @@ def test_gemma_fix_off_the_refit_guard_names_the_normalizer_and_nothing_else(mod
 
 
 def test_strict_mode_fails_the_generation_with_refit_incomplete(models, tmp_path):
-    env = {"NRL_SHIM": "1", "NRL_SHIM_GEMMA_LOAD_FORMAT": "off", "NRL_SHIM_STRICT": "1"}
+    # Strict mode also turns the prefix-cache fix's out-of-range skip into an error (at the first scheduler import):
+    # disabled here, as a strict user on this release would, to see the refit guard's error.
+    env = {
+        "NRL_SHIM": "1",
+        "NRL_SHIM_GEMMA_LOAD_FORMAT": "off",
+        "NRL_SHIM_STRICT": "1",
+        "NRL_SHIM_DISABLE": "vllm-prefix-cache-refit",
+    }
     out, _ = run_engine(tmp_path, models["V1"], "V1", env, load_format="dummy")
     assert "tokens" not in out
     assert any(e.startswith("RefitIncompleteError") and "model.normalizer" in e for e in out["error"]), out["error"]
