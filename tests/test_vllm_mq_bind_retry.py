@@ -21,6 +21,7 @@ from vllm_net_helpers import (
     can_mount_read_only,
     free_band,
     nemo_rl_patch,
+    nemo_rl_patch_read_only,
     read_only,
     vllm_copy,
     vllm_dir,
@@ -102,14 +103,7 @@ def test_next_to_nemo_rls_rewrite_the_shim_is_idle_and_never_doubles_the_retry(t
 @pytest.mark.skipif(not can_mount_read_only(), reason="cannot mount site-packages read-only here (unshare -m)")
 def test_read_only_site_packages_nemo_rls_rewrite_fails_the_shims_fix_works():
     directory = vllm_dir()
-    code = (
-        "import logging, sys\n"
-        "logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s: %(message)s')\n"
-        "from nemo_rl.models.generation.vllm import patches\n"
-        "patches._patch_vllm_shm_broadcast_bind_retry(logging.getLogger('vllm_patch'))\n"
-    )
-    env = child_env({"NRL_SHIM": "0", "PYTHONPATH": f"{NEMO_RL}:{child_env()['PYTHONPATH']}"})
-    proc = subprocess.run(read_only([sys.executable, "-c", code], directory), env=env, capture_output=True, text=True)
+    proc = nemo_rl_patch_read_only("_patch_vllm_shm_broadcast_bind_retry")
     assert proc.returncode != 0 and "Read-only file system" in proc.stderr, proc.stderr[-3000:]
     print("NeMo RL on a read-only site-packages:", proc.stderr.strip().splitlines()[-1])
     _, results, log = race(shim=True, wrap=lambda argv: read_only(argv, directory), rounds=3)

@@ -19,6 +19,7 @@ from vllm_net_helpers import (
     VLLM_VERSION,
     can_mount_read_only,
     nemo_rl_patch,
+    nemo_rl_patch_read_only,
     read_only,
     vllm_copy,
     vllm_dir,
@@ -138,14 +139,7 @@ def test_next_to_nemo_rls_rewrite_the_shim_is_idle_and_adds_no_second_stub(tmp_p
 @pytest.mark.skipif(not can_mount_read_only(), reason="cannot mount site-packages read-only here (unshare -m)")
 def test_read_only_site_packages_nemo_rls_rewrite_fails_the_shims_fix_works():
     directory = vllm_dir()
-    code = (
-        "import logging\n"
-        "logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s: %(message)s')\n"
-        "from nemo_rl.models.generation.vllm import patches\n"
-        "patches._patch_vllm_tool_parser_namespace_tool(logging.getLogger('vllm_patch'))\n"
-    )
-    env = child_env({"NRL_SHIM": "0", "PYTHONPATH": f"{NEMO_RL}:{child_env()['PYTHONPATH']}"})
-    proc = subprocess.run(read_only([sys.executable, "-c", code], directory), env=env, capture_output=True, text=True)
+    proc = nemo_rl_patch_read_only("_patch_vllm_tool_parser_namespace_tool")
     assert proc.returncode != 0 and "Read-only file system" in proc.stderr, proc.stderr[-3000:]
     print("NeMo RL on a read-only site-packages:", proc.stderr.strip().splitlines()[-1])
     out, _ = probe(shim=True, pythonpath=[OLD_OPENAI], wrap=lambda argv: read_only(argv, directory))

@@ -67,15 +67,31 @@ def vllm_copy(root, rewritable):
     return str(root)
 
 
-def nemo_rl_patch(function, pythonpath, env=None):
-    """Run NeMo RL HEAD's `patches.<function>(logger)` in a fresh interpreter whose vLLM is the one found first on
-    `pythonpath`; return its CompletedProcess (its log lines are on stderr)."""
-    code = (
+def nemo_rl_patch_code(function):
+    """Python source that runs NeMo RL HEAD's `patches.<function>(logger)`, its log lines on stderr."""
+    return (
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s: %(message)s')\n"
         "from nemo_rl.models.generation.vllm import patches\n"
         f"patches.{function}(logging.getLogger('vllm_patch'))\n"
     )
+
+
+def nemo_rl_patch_read_only(function):
+    """NeMo RL HEAD's `patches.<function>` with the installed vLLM mounted read-only: its CompletedProcess."""
+    import sys
+
+    from conftest import child_env
+
+    env = child_env({"NRL_SHIM": "0", "PYTHONPATH": f"{NEMO_RL}:{child_env()['PYTHONPATH']}"})
+    argv = read_only([sys.executable, "-c", nemo_rl_patch_code(function)], vllm_dir())
+    return subprocess.run(argv, env=env, capture_output=True, text=True)
+
+
+def nemo_rl_patch(function, pythonpath, env=None):
+    """Run NeMo RL HEAD's `patches.<function>(logger)` in a fresh interpreter whose vLLM is the one found first on
+    `pythonpath`; return its CompletedProcess (its log lines are on stderr)."""
+    code = nemo_rl_patch_code(function)
     import sys
 
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NRL_")}

@@ -18,6 +18,16 @@ def version_at_least(minimum):
     return installed is not None and Version(installed) >= Version(minimum)
 
 
+def module_source(module):
+    """The text of a module's file ("" when it has none or it can't be read): how a quirk sees that vLLM's file
+    already has a fix (upstream, or NeMo RL's rewrite of it)."""
+    try:
+        with open(module.__file__, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, TypeError):
+        return ""
+
+
 def is_dummy_load_format(load_format):
     # A plain str from 0.10.1; a str-enum LoadFormat before (LoadFormat.DUMMY == "dummy" holds for both).
     return isinstance(load_format, str) and load_format.lower() == "dummy"

@@ -43,11 +43,9 @@ def _why_idle(module, version):
     """Why the fix has nothing to do for this module, or None when it applies."""
     if not _affected(version):
         return f"vLLM {version} binds port 0 and reads the bound endpoint (fixed upstream in 0.28.0)"
-    try:
-        with open(module.__file__, encoding="utf-8") as handle:
-            source = handle.read()
-    except (OSError, TypeError):
-        source = ""
+    from ._vllm import module_source
+
+    source = module_source(module)
     if NEMO_RL_MARKER in source:
         return "the bind already retries in vLLM's file (NeMo RL's _patch_vllm_shm_broadcast_bind_retry rewrite)"
     if "get_open_port()" not in source:

@@ -41,11 +41,9 @@ def _affected(version):
 def _why_idle(module, version):
     if not _affected(version) or not hasattr(getattr(module, "RayExecutorV2", None), "_select_tcpstore_port"):
         return f"vLLM {version} does not pick the TCPStore port in RayExecutorV2 (changed upstream in 0.29.0)"
-    try:
-        with open(module.__file__, encoding="utf-8") as handle:
-            source = handle.read()
-    except (OSError, TypeError):
-        source = ""
+    from ._vllm import module_source
+
+    source = module_source(module)
     if NEMO_RL_MARKER in source:
         return (
             "vLLM's file already searches past the queue's scan (NeMo RL's _patch_vllm_ray_executor_v2_tcpstore_port)"
