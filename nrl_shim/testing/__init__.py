@@ -119,7 +119,8 @@ class QuirkContract:
         quirk = self._quirk(quirk_module)
         self._applicable(quirk)
         out = run_contract_child(quirk.id, "before", self.child_env())
-        assert out["targets"], f"{quirk.id}: none of its targets is importable here"
+        if not out["targets"]:  # a fix for modules this release doesn't have (yet, or any more)
+            pytest.skip(f"{quirk.id}: none of its targets {list(quirk.targets)} exists in this release")
         assert out["patched"] == sorted(out["targets"])  # every target patched, once
         for label, entry in out["wrapped"].items():
             assert entry["layers"] == 1, (label, entry)  # activate() twice: still one layer
