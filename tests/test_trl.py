@@ -127,8 +127,21 @@ def test_trl_resets_the_prefix_cache_after_its_refits_so_that_fix_stays_idle(und
     assert "[vllm-prefix-cache-refit] vLLM prefix cache after a refit: stale blocks" not in output
 
 
+def cpu_packs_bf16_weights():
+    """Whether vLLM's CPU build packs bf16 linear weights on this CPU (AMX or AVX512-BF16: its sgl-kernel/oneDNN bf16
+    GEMMs). Without either, it keeps them live and TRL's bf16 engine refits fine: the bug does not exist there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return True
+    return any(flag in flags for flag in ("amx_bf16", "avx512_bf16"))
+
+
 def test_without_the_shim_trls_first_refit_fails_on_the_cpu_build(without_the_shim):
     proc, output, result = without_the_shim
+    if proc.returncode == 0 and REFIT_ERROR not in output and not cpu_packs_bf16_weights():
+        pytest.skip("this CPU has neither AMX nor AVX512-BF16: vLLM keeps TRL's bf16 weights live, no failure to show")
     # The failure the fix is for must happen here, or the test above proves nothing.
     assert proc.returncode != 0 and result is None, tail(output)
     assert REFIT_ERROR in output, tail(output)
