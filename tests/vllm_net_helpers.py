@@ -78,14 +78,18 @@ def nemo_rl_patch_code(function):
 
 
 def nemo_rl_patch_read_only(function):
-    """NeMo RL HEAD's `patches.<function>` with the installed vLLM mounted read-only: its CompletedProcess."""
+    """NeMo RL HEAD's `patches.<function>` with the installed vLLM mounted read-only; asserts it fails for that."""
     import sys
 
     from conftest import child_env
 
     env = child_env({"NRL_SHIM": "0", "PYTHONPATH": f"{NEMO_RL}:{child_env()['PYTHONPATH']}"})
     argv = read_only([sys.executable, "-c", nemo_rl_patch_code(function)], vllm_dir())
-    return subprocess.run(argv, env=env, capture_output=True, text=True)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    # NeMo RL's rewrite needs a writable vLLM: it must fail there, saying why.
+    assert proc.returncode != 0 and "Read-only file system" in proc.stderr, proc.stderr[-3000:]
+    print("NeMo RL on a read-only site-packages:", proc.stderr.strip().splitlines()[-1])
+    return proc
 
 
 def nemo_rl_patch(function, pythonpath, env=None):
