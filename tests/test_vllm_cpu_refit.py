@@ -47,7 +47,6 @@ def models(tmp_path_factory):
     save_file(weights, f"{head}/model.safetensors", metadata={"format": "pt"})
     dirs = {"a": a, "b": b, "a_with_b_head": str(head)}
     reference = {name: greedy_tokens(path, PROMPTS, MAX_TOKENS) for name, path in dirs.items()}
-    reference["a_bf16"] = greedy_tokens(a, PROMPTS, MAX_TOKENS, dtype="bfloat16")
     return {"dirs": dirs, "reference": reference}
 
 
@@ -91,6 +90,9 @@ def under_shim(models, tmp_path_factory):
         case("bf16", models, dtype="bfloat16", refits=[("load_weights", "a", None)]),
         # This machine's CPU has no AMX: the sgl-kernel path (bf16/fp16 on AMX CPUs) is made to answer yes.
         dict(case("bf16_amx", models, dtype="bfloat16", refits=[("load_weights", "a", None)]), cpu_says_amx=True),
+        # bfloat16's reference is vLLM's own load of A: transformers' bf16 forward rounds differently, and this tiny
+        # model has near-ties where that flips a greedy token (transformers 5.19 vs vLLM 0.32, prompt 2).
+        case("bf16_loaded", models, load_format="auto", dtype="bfloat16"),
         # vLLM's own refit dispatches the layers again: they must stay live for the next load_weights.
         case(
             "reload_then_head",
@@ -136,7 +138,8 @@ def test_under_the_shim_a_bfloat16_engine_refits_too(under_shim, models):
     out = under_shim["cases"]["bf16"]
     assert out["qkv_proj"]["live"] and out["lm_head"]["live"], out
     (refit,) = out["refits"]
-    assert refit["error"] is None and refit["after"] == models["reference"]["a_bf16"]
+    loaded = under_shim["cases"]["bf16_loaded"]["before"]
+    assert refit["error"] is None and refit["after"] == loaded != out["before"]
 
 
 @real_engine
@@ -144,7 +147,8 @@ def test_under_the_shim_the_amx_path_is_covered_too(under_shim, models):
     out = under_shim["cases"]["bf16_amx"]
     assert out["qkv_proj"]["live"] and out["lm_head"]["live"], out
     (refit,) = out["refits"]
-    assert refit["error"] is None and refit["after"] == models["reference"]["a_bf16"]
+    loaded = under_shim["cases"]["bf16_loaded"]["before"]
+    assert refit["error"] is None and refit["after"] == loaded != out["before"]
 
 
 @real_engine

@@ -11,7 +11,8 @@ quirks (entry-point group `nrl_shim.quirks`) runs it over its own:
     class TestMyQuirks(QuirkContract):
         quirk_modules = ["my_package.my_quirk"]
 
-Per quirk, in a fresh interpreter each (`python -m nrl_shim.testing.contract_child`):
+Per quirk, in fresh interpreters (`python -m nrl_shim.testing.contract_child`; one per order checks all the class's
+quirks, since importing the libraries is most of the cost):
 - targets imported *before* activation: every target patched once; activate() twice still one layer per attribute;
   each wrapped callable keeps its signature and pickles; deactivate() puts every original back; with another tool's
   wrapt wrapper already on an attribute, ours goes over it and leaving keeps theirs;
@@ -67,16 +68,19 @@ def contract_env(module_names: list[str], extra: dict[str, str] | None = None) -
     return env
 
 
-def run_contract_child(quirk_id: str, order: str, env: dict[str, str], timeout: float = 600) -> dict[str, Any]:
+def run_contract_child(
+    order: str, quirk_ids: list[str], env: dict[str, str], timeout: float = 900
+) -> dict[str, dict[str, Any]]:
+    """`python -m nrl_shim.testing.contract_child ORDER QUIRK_ID...`: each quirk's result, by ID."""
     proc = subprocess.run(
-        [sys.executable, "-m", "nrl_shim.testing.contract_child", quirk_id, order],
+        [sys.executable, "-m", "nrl_shim.testing.contract_child", order, *quirk_ids],
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -85,6 +89,9 @@ class QuirkContract:
     each test over them. Override `child_env` to add what the children need (e.g. PYTHONPATH of a test venv)."""
 
     quirk_modules: ClassVar[list[str]] = []
+    # One child per order checks every applicable quirk of the class (importing vLLM and torch is most of a check's
+    # cost); each test reads its quirk's entry. Keyed by class, so subclasses don't share results.
+    _batches: ClassVar[dict[tuple[type, str], dict[str, dict[str, Any]]]] = {}
 
     def child_env(self) -> dict[str, str]:
         return contract_env(list(self.quirk_modules))
@@ -99,6 +106,19 @@ class QuirkContract:
         applies, _version, reason = quirk.gate()
         if not applies:
             pytest.skip(f"{quirk.id}: {reason}")
+
+    def _contract_result(self, quirk: registry.Quirk, order: str) -> dict[str, Any]:
+        key = (type(self), order)
+        if key not in self._batches:
+            ids = []
+            for module in self.quirk_modules:
+                other = self._quirk(module)
+                if other.targets and other.gate()[0]:
+                    ids.append(other.id)
+            self._batches[key] = run_contract_child(order, ids, self.child_env())
+        out = self._batches[key][quirk.id]
+        assert "error" not in out, f"{quirk.id} ({order}):\n{out['error']}"
+        return out
 
     def test_declares_what_the_core_and_the_docs_need(self, quirk_module: str) -> None:
         from packaging.specifiers import SpecifierSet
@@ -118,7 +138,7 @@ class QuirkContract:
     def test_targets_imported_before_activation(self, quirk_module: str) -> None:
         quirk = self._quirk(quirk_module)
         self._applicable(quirk)
-        out = run_contract_child(quirk.id, "before", self.child_env())
+        out = self._contract_result(quirk, "before")
         if not out["targets"]:  # a fix for modules this release doesn't have (yet, or any more)
             pytest.skip(f"{quirk.id}: none of its targets {list(quirk.targets)} exists in this release")
         assert out["patched"] == sorted(out["targets"])  # every target patched, once
@@ -134,7 +154,7 @@ class QuirkContract:
     def test_targets_imported_after_activation(self, quirk_module: str) -> None:
         quirk = self._quirk(quirk_module)
         self._applicable(quirk)
-        out = run_contract_child(quirk.id, "after", self.child_env())
+        out = self._contract_result(quirk, "after")
         assert out["patched"] == sorted(out["targets"])
         assert all(count == 1 for count in out["layers"].values()), out["layers"]
 
@@ -170,7 +190,7 @@ class QuirkContract:
         quirk = self._quirk(quirk_module)
         if quirk.setup_argv is None:
             pytest.skip(f"{quirk.id}: no setup()")
-        out = run_contract_child(quirk.id, "setup", self.child_env())
+        out = run_contract_child("setup", [quirk.id], self.child_env())[quirk.id]
         assert out["once"], out
         assert out["restored"], out
 

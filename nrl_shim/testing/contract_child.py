@@ -1,9 +1,11 @@
-"""One quirk through the patcher contract, in a fresh interpreter: `python -m nrl_shim.testing.contract_child QUIRK_ID
-ORDER` (run by nrl_shim.testing.QuirkContract; a plugin quirk is found through its entry point or NRL_SHIM_PLUGINS).
+"""Quirks through the patcher contract, in a fresh interpreter: `python -m nrl_shim.testing.contract_child ORDER
+QUIRK_ID...` (run by nrl_shim.testing.QuirkContract; a plugin quirk is found through its entry point or
+NRL_SHIM_PLUGINS). One interpreter checks every listed quirk: importing vLLM and torch once is most of a check's cost.
 
-ORDER "before": targets imported before activation; then activate twice, deactivate, and the same with another
-tool's wrapper already on each attribute. ORDER "after": activation first, targets imported after. ORDER "setup":
-what setup() installs is there once, and deactivate() removes it. Prints one JSON line. Which attributes a quirk
+ORDER "before": all targets imported before activation; then per quirk, alone: activate twice, deactivate, and the
+same with another tool's wrapper already on each attribute. ORDER "after": the listed quirks activated together, their
+targets imported after. ORDER "setup" (one quirk): what setup() installs is there once, and deactivate() removes it.
+Prints one JSON line, {quirk_id: result}; a quirk whose check raised gets {"error": traceback}. Which attributes a quirk
 wraps is found, not declared: every attribute of the target modules (and of the classes they define) that carries a
 layer of this quirk after activation.
 """
@@ -14,6 +16,7 @@ import inspect
 import json
 import pickle
 import sys
+import traceback
 
 import wrapt
 
@@ -66,42 +69,63 @@ def pickles(obj):
         return f"{type(exc).__name__}: {exc}"
 
 
-def main() -> None:
-    quirk_id, order = sys.argv[1], sys.argv[2]
+def settings_for(quirk_ids):
+    return registry.load_settings({"NRL_SHIM_DISABLE": ",".join(q for q in registry.quirk_ids() if q not in quirk_ids)})
+
+
+def targets_of(quirk_id):
+    return [t for t in registry.get(quirk_id).targets if importable(t)]
+
+
+def check_setup(quirk_id):
+    import os
+
     quirk = registry.get(quirk_id)
-    others = [q for q in registry.quirk_ids() if q != quirk_id]
-    settings = registry.load_settings({"NRL_SHIM_DISABLE": ",".join(others)})
-    targets = [t for t in quirk.targets if importable(t)]
-    out: dict = {"targets": targets}
-    if order == "setup":
-        import os
+    settings = settings_for([quirk_id])
 
-        def state():
-            environ = {k: v for k, v in os.environ.items() if k != "NRL_SHIM"}  # activation's own, not setup()'s
-            return [repr(f) for f in sys.meta_path], [repr(h) for h in sys.path_hooks], environ
+    def state():
+        environ = {k: v for k, v in os.environ.items() if k != "NRL_SHIM"}  # activation's own, not setup()'s
+        return [repr(f) for f in sys.meta_path], [repr(h) for h in sys.path_hooks], environ
 
-        before = state()
-        activation.activate(settings)
-        first = state()
-        activation.activate(settings)
-        assert quirk.setup is not None
-        quirk.setup(settings)  # setup() itself run twice: nothing added the second time
-        out["once"] = state() == first
-        activation.deactivate()
-        out["restored"] = state() == before
-        print(json.dumps(out))
-        return
-    if order == "after":
-        activation.activate(settings)
-        modules = [importlib.import_module(t) for t in targets]
-        out["patched"] = sorted(name for qid, name in activation.patched() if qid == quirk_id)
-        out["layers"] = {
-            f"{owner.__name__}.{name}": layers(getattr(owner, name), quirk_id)
-            for owner, name, _ in wrapped_by(quirk_id, modules).values()
-        }
-        print(json.dumps(out))
-        return
-    modules = [importlib.import_module(t) for t in targets]
+    out: dict = {"targets": targets_of(quirk_id)}
+    before = state()
+    activation.activate(settings)
+    first = state()
+    activation.activate(settings)
+    assert quirk.setup is not None
+    quirk.setup(settings)  # setup() itself run twice: nothing added the second time
+    out["once"] = state() == first
+    activation.deactivate()
+    out["restored"] = state() == before
+    return out
+
+
+def check_after(quirk_ids):
+    """The quirks activated together (as in a job), then their targets imported: each patched on import, once."""
+    activation.activate(settings_for(quirk_ids))
+    targets = {q: targets_of(q) for q in quirk_ids}
+    results = {}
+    for quirk_id in quirk_ids:
+        try:
+            modules = [importlib.import_module(t) for t in targets[quirk_id]]
+            results[quirk_id] = {
+                "targets": targets[quirk_id],
+                "patched": sorted(name for qid, name in activation.patched() if qid == quirk_id),
+                "layers": {
+                    f"{owner.__name__}.{name}": layers(getattr(owner, name), quirk_id)
+                    for owner, name, _ in wrapped_by(quirk_id, modules).values()
+                },
+            }
+        except Exception:
+            results[quirk_id] = {"error": traceback.format_exc()}
+    activation.deactivate()
+    return results
+
+
+def check_before(quirk_id, modules):
+    """One quirk alone, its targets already imported: activate twice, deactivate, then over another tool's wrapper."""
+    settings = settings_for([quirk_id])
+    out: dict = {"targets": [m.__name__ for m in modules]}
     originals = {(id(o), n): (o, n, v) for o, n, v in owners(modules)}
     activation.activate(settings)
     activation.activate(settings)  # twice: still one layer each
@@ -141,7 +165,32 @@ def main() -> None:
     }
     activation.deactivate()
     out["other_tool_kept"] = {f"{o.__name__}.{n}": vars(o)[n] is theirs[k] for k, (o, n, _) in found.items()}
-    print(json.dumps(out))
+    return out
+
+
+def main() -> None:
+    order, quirk_ids = sys.argv[1], sys.argv[2:]
+    results: dict = {}
+    if order == "setup":
+        (quirk_id,) = quirk_ids
+        results[quirk_id] = check_setup(quirk_id)
+    elif order == "after":
+        results = check_after(quirk_ids)
+    else:
+        # Every quirk's targets first (importing them is what the checks share), then each quirk alone over them.
+        imported = {}
+        for quirk_id in quirk_ids:
+            try:
+                imported[quirk_id] = [importlib.import_module(t) for t in targets_of(quirk_id)]
+            except Exception:
+                results[quirk_id] = {"error": traceback.format_exc()}
+        for quirk_id, modules in imported.items():
+            try:
+                results[quirk_id] = check_before(quirk_id, modules)
+            except Exception:
+                results[quirk_id] = {"error": traceback.format_exc()}
+                activation.deactivate()  # the next quirk starts from nothing active
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":
