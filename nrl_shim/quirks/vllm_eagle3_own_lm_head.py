@@ -21,11 +21,16 @@ weight can't equal the target's: the shapes differ). A draft with the full vocab
 Idle ("nothing to change") when the model sets the flag itself (fixed upstream, or NeMo RL's rewrite in place).
 """
 
+from . import VLLM
+
 ID = "vllm-eagle3-own-lm-head"
 SUMMARY = "Eagle3 drafts with a truncated vocabulary keep their own LM head (has_own_lm_head), not the target's"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS = ">=0.11.1,<0.34"  # flag-based sharing from 0.11.1; the flag unset through 0.33.0 (shim's range ends 0.34)
+# The shim's whole vLLM range: before 0.11.1 (flag-based sharing) there is nothing to fix, and patch() says so once
+# instead of a "fix skipped" warning on releases that never had the problem (0.9.1's V1 engine imports this module).
+VERSIONS = VLLM
+FIRST_AFFECTED = "0.11.1"
 TARGETS = ("vllm.model_executor.models.llama_eagle3",)
 
 _WHY = (
@@ -35,7 +40,13 @@ _WHY = (
 
 
 def patch(module, settings):
+    from .. import report
     from ..patching import wrap
+    from ._vllm import version_at_least
+
+    if not version_at_least(FIRST_AFFECTED):
+        why = f"vLLM before {FIRST_AFFECTED} shares an Eagle3 draft's LM head only when the shapes match"
+        return report.unchanged(ID, "Eagle3LlamaForCausalLM.has_own_lm_head", why)
 
     def init_wrapper(wrapped, instance, args, kwargs):
         wrapped(*args, **kwargs)
