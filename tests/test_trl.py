@@ -30,7 +30,6 @@ from vllm_helpers import REAL_ENGINE
 
 pytestmark = [
     *REAL_ENGINE,
-    pytest.mark.xdist_group("trl"),  # one worker builds the module's trainings (`--dist loadgroup` in `frameworks`)
     pytest.mark.skipif(
         importlib.util.find_spec("trl") is None,
         reason="needs trl (TRL 1.16.0), not installed here; `nox -s frameworks` runs it",

@@ -281,7 +281,6 @@ def test_worker_python_has_no_shim_of_its_own(tmp_path):
     assert proc.returncode != 0 and "No module named 'nrl_shim'" in proc.stderr, proc.stderr[-2000:]
 
 
-@pytest.mark.xdist_group("verl_without")
 def test_without_the_shim_gemma_stays_dummy_and_verls_refit_fails(without_shim, models, references):
     out, _, logs = without_shim
     probe = steps_of(out, "probe")[0]
@@ -300,7 +299,6 @@ def test_without_the_shim_gemma_stays_dummy_and_verls_refit_fails(without_shim, 
     assert "[vllm-" not in logs[0] and "nrl_shim" not in logs[0]
 
 
-@pytest.mark.xdist_group("verl_under")
 def test_under_the_shim_gemma_loads_auto_inside_verls_server(under_shim, models, references):
     out, _, logs = under_shim
     probe = steps_of(out, "probe")[0]
@@ -312,7 +310,6 @@ def test_under_the_shim_gemma_loads_auto_inside_verls_server(under_shim, models,
     assert tokens["tokens"] == references["gemma"]
 
 
-@pytest.mark.xdist_group("verl_under")
 def test_under_the_shim_a_refit_omitting_a_tensor_is_named_and_a_full_refit_is_quiet(under_shim, references):
     out, _, logs = under_shim
     partial, full = steps_of(out, "refit")
@@ -333,7 +330,6 @@ def test_under_the_shim_a_refit_omitting_a_tensor_is_named_and_a_full_refit_is_q
     assert after_full["tokens"] == references["llama"]
 
 
-@pytest.mark.xdist_group("verl_under")
 def test_under_the_shim_a_stalled_request_times_out_and_the_server_serves_the_next(under_shim, references):
     out, _, logs = under_shim
     stalled = steps_of(out, "stalled_generate")[0]
@@ -348,7 +344,6 @@ def test_under_the_shim_a_stalled_request_times_out_and_the_server_serves_the_ne
     assert after["tokens"] == references["llama"]
 
 
-@pytest.mark.xdist_group("verl_under")
 def test_under_the_shim_the_recipe_makes_verls_engines_eager_and_verls_env_vars_are_kept(under_shim):
     out, _, logs = under_shim
     for probe in steps_of(out, "probe"):
@@ -361,7 +356,6 @@ def test_under_the_shim_the_recipe_makes_verls_engines_eager_and_verls_env_vars_
         assert f"[vllm-eager-recipes] vllm enforce_eager for recipe {RECIPE}: False -> True" in logs[server]
 
 
-@pytest.mark.xdist_group("verl_strict")
 def test_strict_a_refit_omitting_a_tensor_fails_the_rollout(strict):
     out, _, logs = strict
     refit = steps_of(out, "refit")[0]
