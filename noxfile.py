@@ -145,7 +145,6 @@ def _framework_session(
     tests: list[str],
     *uv_args: str,
     env: dict[str, str] | None = None,
-    workers: list[str] = TEST_WORKERS,
 ):
     _cpu_venv(session, session.virtualenv.location, [*vllm, *packages, "pytest>=8", XDIST, "hypothesis>=6"], *uv_args)
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
@@ -158,7 +157,7 @@ def _framework_session(
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", *workers, "--durations=15", *tests]),
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", *tests]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV, **(env or {})},
     )
 

@@ -100,21 +100,23 @@ class QuirkContract:
     def _quirk(module_name: str) -> registry.Quirk:
         return registry.Quirk(importlib.import_module(module_name))
 
-    def _applicable(self, quirk: registry.Quirk) -> None:
+    @staticmethod
+    def _why_not_applicable(quirk: registry.Quirk) -> str | None:
         if not quirk.targets:
-            pytest.skip(f"{quirk.id}: no targets, it acts through setup() (test_setup_is_undone_by_teardown)")
+            return f"{quirk.id}: no targets, it acts through setup() (test_setup_is_undone_by_teardown)"
         applies, _version, reason = quirk.gate()
-        if not applies:
-            pytest.skip(f"{quirk.id}: {reason}")
+        return None if applies else f"{quirk.id}: {reason}"
+
+    def _applicable(self, quirk: registry.Quirk) -> None:
+        why = self._why_not_applicable(quirk)
+        if why is not None:
+            pytest.skip(why)
 
     def _contract_result(self, quirk: registry.Quirk, order: str) -> dict[str, Any]:
         key = (type(self), order)
         if key not in self._batches:
-            ids = []
-            for module in self.quirk_modules:
-                other = self._quirk(module)
-                if other.targets and other.gate()[0]:
-                    ids.append(other.id)
+            quirks = [self._quirk(module) for module in self.quirk_modules]
+            ids = [q.id for q in quirks if self._why_not_applicable(q) is None]
             self._batches[key] = run_contract_child(order, ids, self.child_env())
         out = self._batches[key][quirk.id]
         assert "error" not in out, f"{quirk.id} ({order}):\n{out['error']}"
