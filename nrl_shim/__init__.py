@@ -11,11 +11,11 @@ _VENDOR = _os.path.join(_os.path.dirname(__file__), "_vendor")
 if _os.path.isdir(_VENDOR) and _VENDOR not in _sys.path:
     _sys.path.append(_VENDOR)
 
-from .activation import activate, active_settings, deactivate, is_active
-from .settings import Settings
-
 TYPE_CHECKING = False  # not typing's: this runs at every interpreter start-up
 if TYPE_CHECKING:
+    from typing import Any
+
+    from .activation import activate, active_settings, deactivate, is_active
     from .errors import (
         PluginError,
         QuirkSkippedError,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         ShimTimeoutError,
         UnsupportedConfigError,
     )
+    from .settings import Settings
 _ERRORS = frozenset(
     (
         "ShimError",
@@ -54,17 +55,52 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> type:
-    # The error classes load on first use (`nrl_shim.ShimError`, `from nrl_shim import ShimError`): creating them costs
-    # start-up time in every interpreter, and most never raise one.
-    if name in _ERRORS:
+_API = frozenset(("activate", "deactivate", "is_active", "active_settings"))  # nrl_shim.activation's
+
+
+def __getattr__(name: str) -> "Any":
+    # The API and the error classes load on first use (`nrl_shim.activate`, `from nrl_shim import ShimError`): at
+    # interpreter start-up the shim is only armed (nrl_shim/_startup.py), and most interpreters never call them.
+    if name in _API:
+        from . import activation
+
+        value = getattr(activation, name)
+    elif name in _ERRORS:
         from . import errors
 
-        value = globals()[name] = getattr(errors, name)  # found directly from now on
-        return value
-    raise AttributeError(f"module 'nrl_shim' has no attribute {name!r}")
+        value = getattr(errors, name)
+    elif name == "Settings":
+        from .settings import Settings as value
+    else:
+        raise AttributeError(f"module 'nrl_shim' has no attribute {name!r}")
+    globals()[name] = value  # found directly from now on
+    return value
 
 
-from . import activation as _activation  # noqa: E402
+def _complete_activation(how: str) -> "Any":
+    """Complete an armed start-up (nrl_shim/_startup.py calls it): full activation; the import finder it put in place."""
+    from . import activation
 
-_activation.activate_on_import()
+    activation.activate(how=how)
+    return activation.import_finder()
+
+
+def _activate_on_import() -> None:
+    # `import nrl_shim` activates, unless NRL_SHIM is explicitly off; the CLI validates and reports settings itself
+    # (doctor, run) and patches nothing in its own process. At interpreter start-up the shim is armed where that is
+    # equivalent (nrl_shim/_startup.py); otherwise activation runs now.
+    if _os.environ.get("NRL_SHIM", "").strip().lower() in _startup.FALSE:
+        return
+    if _os.path.basename(_sys.argv[0] if getattr(_sys, "argv", None) else "") == "nrl-shim":
+        return
+    by_site = _startup.imported_by_site()
+    if by_site and _startup.arm(by_site, _complete_activation):
+        return
+    from . import activation
+
+    activation.activate_on_import(by_site)
+
+
+from . import _startup  # noqa: E402
+
+_activate_on_import()

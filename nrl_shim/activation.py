@@ -9,14 +9,13 @@ import _thread  # not `threading`: it drags functools/collections into every int
 import os
 import sys
 
-from . import registry
-from .settings import _FALSE
+from . import _startup, registry
 
 TYPE_CHECKING = False  # not typing's: `typing` is not worth importing at every interpreter start-up
 if TYPE_CHECKING:
     from collections.abc import Callable
     from importlib.machinery import ModuleSpec
-    from types import FrameType, ModuleType
+    from types import ModuleType
     from typing import Any
 
     from .registry import Quirk
@@ -40,11 +39,20 @@ _lock = _thread.RLock()
 
 def active_settings() -> "Settings | None":
     """The active Settings, or None when the shim is not active."""
+    if not _State.active and _startup.is_armed():
+        _startup.complete("a call of nrl_shim.active_settings()")
     return _State.settings if _State.active else None
 
 
 def is_active() -> bool:
-    return _State.active
+    """Whether the shim is active in this process (at interpreter start-up it may be armed only: it loads at the first
+    import of a target, nrl_shim/_startup.py)."""
+    return _State.active or _startup.is_armed()
+
+
+def import_finder() -> "_TargetFinder | None":
+    """The import finder activation put on sys.meta_path, or None."""
+    return next((f for f in sys.meta_path if isinstance(f, _TargetFinder)), None)
 
 
 def patched() -> "list[tuple[str, str]]":
@@ -76,7 +84,9 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
                 if quirk.setup:
                     _setup(quirk, settings)
             if not any(isinstance(f, _TargetFinder) for f in sys.meta_path):
-                sys.meta_path.insert(0, _TargetFinder())
+                finder = _TargetFinder()
+                if not _startup.hand_over(finder):  # an armed start-up's import watcher: replaced in place
+                    sys.meta_path.insert(0, finder)
         current = _State.settings
     assert current is not None  # set above, under the lock
     if "nrl_shim.report" in sys.modules:
@@ -120,6 +130,7 @@ def _announce(current: "Settings", how: str) -> None:
 def deactivate() -> None:
     """Undo everything activate() did in this process: patches, exported variables, the import watcher."""
     with _lock:
+        _startup.disarm()
         if not _State.active:
             return
         quirks, done = _enabled_quirks(), sorted(_State.patched)
@@ -141,14 +152,9 @@ def deactivate() -> None:
             teardown()
 
 
-def activate_on_import() -> None:
-    """`import nrl_shim` activates, unless NRL_SHIM is explicitly off. Bad settings at interpreter start-up
-    (the .pth or sitecustomize) end the process with one clear line instead of a traceback inside site.py."""
-    if os.environ.get("NRL_SHIM", "").strip().lower() in _FALSE:
-        return
-    if os.path.basename(sys.argv[0] if sys.argv else "") == "nrl-shim":
-        return  # the CLI validates and reports settings itself (doctor, run) and patches nothing in its own process
-    by_site = _imported_by_site()
+def activate_on_import(by_site: "str | None") -> None:
+    """`import nrl_shim` activates (nrl_shim/__init__.py decides when). Bad settings at interpreter start-up (`by_site`:
+    the .pth or a sitecustomize) end the process with one clear line instead of a traceback inside site.py."""
     try:
         activate(how=by_site or "import nrl_shim")
     except Exception as err:
@@ -159,19 +165,6 @@ def activate_on_import() -> None:
         sys.stderr.write(f"nrl-shim: error: {err}\n")
         sys.stderr.flush()
         os._exit(2)  # SystemExit would be swallowed or turned into a fatal init error by site.py
-
-
-def _imported_by_site() -> "str | None":
-    """How the interpreter's start-up imported us (NRL_SHIM=1 via the .pth, or a sitecustomize), or None."""
-    frame: FrameType | None = sys._getframe()
-    while frame is not None:
-        name = frame.f_globals.get("__name__")
-        if name == "site":
-            return "NRL_SHIM=1 at interpreter start-up (nrl_shim.pth)"
-        if name == "sitecustomize":
-            return f"NRL_SHIM=1 at interpreter start-up ({frame.f_globals.get('__file__')})"
-        frame = frame.f_back
-    return None
 
 
 def _enabled_quirks() -> "list[Quirk]":

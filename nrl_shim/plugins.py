@@ -19,6 +19,11 @@ Not watched: the script's own directory and the current directory (`''`), which 
 distribution installed there is not found. Plugin packages reach Ray workers with their own Python the way the shim
 does (ray-propagate-env ships them with py_modules and lists their modules in NRL_SHIM_PLUGINS).
 
+The index also holds what start-up needs of each plugin quirk (record(): its id, targets, setup condition and
+variables; the built-ins' are generated into nrl_shim/_startup_index.py), read when the plugins are scanned (their
+modules imported once, then) and stamped with each module file's mtime: an edited plugin (an editable install) is
+scanned again. So an unchanged environment starts without importing any plugin (nrl_shim/_startup.py).
+
 Stdlib only (os, sys, marshal): this module is on every interpreter's start-up path.
 """
 
@@ -28,15 +33,23 @@ import sys
 
 TYPE_CHECKING = False  # not typing's: start-up path
 if TYPE_CHECKING:
+    from types import ModuleType
+
     # (distribution name, entry-point name or None, module name)
     Plugin = tuple[str, str | None, str]
+    # What start-up needs of a quirk module (see record()): (module, id, target modules, setup condition, the
+    # distribution whose metadata lookup setup() waits for, its variables' names, their Settings attributes).
+    Record = tuple[str, str, tuple[str, ...], str | None, str | None, tuple[str, ...], tuple[str, ...]]
+    # A plugin as start-up sees it: the Plugin, then its Record, or None when its module failed to import or to
+    # declare the contract at the scan (activation then says why).
+    Declared = tuple[str, str | None, str, Record | None]
 
 GROUP = "nrl_shim.quirks"
 # Quirk modules to load beside the entry points, comma separated: how Ray workers with their own Python (no dist-info
 # of the plugin there) learn which shipped modules are quirks. Users may set it too (a quirk module not packaged yet).
 ENV = "NRL_SHIM_PLUGINS"
 ENV_SOURCE = ENV  # what stands for the distribution in messages about a module listed there
-_FORMAT = 1  # bump when the cached tuple changes shape
+_FORMAT = 2  # bump when the cached tuple changes shape
 
 
 def declared() -> "tuple[Plugin, ...]":
@@ -49,23 +62,40 @@ def declared() -> "tuple[Plugin, ...]":
 def discovered() -> "tuple[Plugin, ...]":
     """The entry points of GROUP in the watched sys.path entries, from the cache when its stamp still matches."""
     paths = watched_paths()
-    stamp = tuple(_mtime(p) for p in paths)
-    path = cache_file(paths)
+    cached = _read(paths)
+    if cached is not None:
+        return cached[0]
+    stamp = _stamp(paths)  # before the scan: an install while it runs is seen at the next start
+    found, records, files = _index(paths)
+    _write(cache_file(paths), (_FORMAT, paths, stamp, found, records, files, _stamp(files)))
+    return found
+
+
+def cached() -> "tuple[Declared, ...] | None":
+    """The plugins (not nrl-shim's own entry points) with their records, from the cache; None when it is missing or
+    stale (no scan here: start-up then activates fully, which scans)."""
+    cached = _read(watched_paths())
+    return None if cached is None else cached[1]
+
+
+def _read(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], tuple[Declared, ...]] | None":
     try:
         # os.open/os.read rather than open(): no io objects, no isatty/fstat calls; the file is a few hundred bytes.
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(cache_file(paths), os.O_RDONLY)
         try:
             data = os.read(fd, 1 << 20)
         finally:
             os.close(fd)
-        fmt, cached_paths, cached_stamp, found = marshal.loads(data)
-        if fmt == _FORMAT and cached_paths == paths and cached_stamp == stamp:
-            return found
-    except Exception:  # no cache yet, unreadable, another Python's marshal format, torn: scan
+        fmt, cached_paths, stamp, found, records, files, file_stamp = marshal.loads(data)
+        if fmt == _FORMAT and cached_paths == paths and stamp == _stamp(paths) and file_stamp == _stamp(files):
+            return found, records
+    except Exception:  # no cache yet, unreadable, another Python's marshal format or another shape, torn: stale
         pass
-    found = scan(paths)
-    _write(path, (_FORMAT, paths, stamp, found))
-    return found
+    return None
+
+
+def _stamp(paths: "tuple[str, ...]") -> "tuple[int, ...]":
+    return tuple(_mtime(p) for p in paths)
 
 
 def watched_paths() -> "tuple[str, ...]":
@@ -122,7 +152,55 @@ def scan(paths: "tuple[str, ...]") -> "tuple[Plugin, ...]":
     return tuple(found)
 
 
-def _write(path: str, data: "tuple[int, tuple[str, ...], tuple[int, ...], tuple[Plugin, ...]]") -> None:
+def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], tuple[Declared, ...], tuple[str, ...]]":
+    """Scan `paths`; import each plugin module found (not nrl-shim's own) to read its record, and note its file."""
+    from ._startup_index import QUIRKS as BUILTIN
+
+    found = scan(paths)
+    builtin = {entry[0] for entry in BUILTIN}
+    records: list[Declared] = []
+    files: list[str] = []
+    for dist, ep_name, module_name in found:
+        if module_name in builtin:
+            continue
+        try:
+            __import__(module_name)
+            module = sys.modules[module_name]
+            entry: Record | None = record(module, ep_name)
+            if getattr(module, "__file__", None):
+                files.append(module.__file__)  # type: ignore[arg-type]
+        except Exception:  # activation imports it again and says why, once
+            entry = None
+        records.append((dist, ep_name, module_name, entry))
+    return found, tuple(records), tuple(files)
+
+
+def record(module: "ModuleType", ep_name: "str | None" = None) -> "Record":
+    """What start-up needs of a quirk module, once it passes the contract checks every plugin must pass (a ValueError
+    or AttributeError names what is wrong). One rule for the built-ins (generated into _startup_index), the plugins'
+    cached records and the registry's checks."""
+    quirk_id = module.ID
+    if ep_name is not None and ep_name != quirk_id:
+        raise ValueError(f"the entry point is named {ep_name!r} but the module's ID is {quirk_id!r}")
+    if not (isinstance(quirk_id, str) and module.LIBRARY and module.VERSIONS and module.LINK):
+        raise ValueError("ID, LIBRARY, VERSIONS and LINK must all be set")
+    targets = tuple(module.TARGETS)  # a tuple of names, or {name: (patch, unpatch)}
+    has_setup = hasattr(module, "setup")
+    if not (targets or has_setup):
+        raise ValueError("neither TARGETS nor setup(): it would do nothing")
+    variables = tuple(getattr(module, "SETTINGS", ()))
+    return (
+        module.__name__,
+        quirk_id,
+        targets,
+        getattr(module, "SETUP_ARGV", "") if has_setup else None,
+        getattr(module, "SETUP_DISTRIBUTION", None) if has_setup else None,
+        tuple(v[0] for v in variables),
+        tuple(v[1] for v in variables),
+    )
+
+
+def _write(path: str, data: "tuple") -> None:
     # Atomic (write aside, then rename): processes starting together may all scan; the last rename wins, all equal.
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

