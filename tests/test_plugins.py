@@ -150,3 +150,30 @@ def test_a_module_listed_in_nrl_shim_plugins_is_a_plugin_without_a_distribution(
     (site / "loose_quirk.py").write_text(quirk("loose-fix"))
     out, _ = probe(tmp_path, site, env={"NRL_SHIM_PLUGINS": "loose_quirk"})
     assert out["quirks"] == {"loose-fix": "NRL_SHIM_PLUGINS"} and out["run"] == "patched by loose-fix"
+
+
+def test_an_edited_plugin_module_is_read_again_at_the_next_start(tmp_path, site):
+    # An editable install: the module changes, no dist-info does. Start-up reads a plugin's record (id, targets) from
+    # the index, so the index is stamped with each plugin file too.
+    install(site, "acme-quirks", "acme_quirks", {"acme-fix": ("fix", quirk())})
+    probe(tmp_path, site)
+    out, _ = probe(tmp_path, site)
+    assert not out["scanned"] and out["run"] == "patched by acme-fix"
+    module = site / "acme_quirks" / "fix.py"
+    module.write_text(quirk().replace('TARGETS = ("acme_target",)', 'TARGETS = ("acme_other",)'))
+    stat = module.stat()
+    os.utime(module, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a later mtime, whatever the clock's grain
+    (site / "acme_other.py").write_text("def run():\n    return 'original'\n")
+    out, _ = probe(tmp_path, site, target=False)
+    assert out["scanned"]
+    proc = run_child(
+        "plugin_probe",
+        "--target",
+        "acme_other",
+        env={
+            "NRL_SHIM": "1",
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "PYTHONPATH": os.pathsep.join([SOURCE_ROOT, str(site)]),
+        },
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["run"] == "patched by acme-fix"  # the new target

@@ -29,6 +29,23 @@ def test_index_file_is_generated_from_the_quirk_modules():
     assert docs.INDEX_PATH.read_text() == docs.quirk_index_source(), (
         "nrl_shim/_quirk_index.py is stale: regenerate it with `python -m nrl_shim.docs`"
     )
+    assert docs.STARTUP_INDEX_PATH.read_text() == docs.startup_index_source(), (
+        "nrl_shim/_startup_index.py is stale: regenerate it with `python -m nrl_shim.docs`"
+    )
+
+
+def test_the_start_up_index_agrees_with_the_quirk_index():
+    # Independent of the generator: what start-up watches is what activation watches with every quirk enabled.
+    from nrl_shim import _startup_index
+    from nrl_shim.settings import CORE_VARIABLES
+
+    names, attrs = _startup_index.CORE
+    assert names == tuple(v.name for v in CORE_VARIABLES) and attrs == tuple(v.attr for v in CORE_VARIABLES)
+    assert [(r[0], r[1], r[2], r[3]) for r in _startup_index.QUIRKS] == [e[:4] for e in _quirk_index.QUIRKS]
+    assert [(r[5], r[6]) for r in _startup_index.QUIRKS] == [
+        (tuple(v.name for v in e[4]), tuple(v.attr for v in e[4])) for e in _quirk_index.QUIRKS
+    ]
+    assert {name for name, _ in _quirk_index.PRE_TARGETS} <= {t for r in _startup_index.QUIRKS for t in r[2]}
 
 
 def test_index_declares_what_each_quirk_module_declares():
