@@ -218,6 +218,9 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--synthetic", type=int, default=30, help="synthetic quirks in the second tree (0: none)")
     parser.add_argument("--baseline", metavar="REF", help="also measure this git revision of the repository")
+    parser.add_argument(
+        "--torch-runs", type=int, help="runs per side of section 4 (default runs/2, at least 10; 0: skip)"
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each figure as soon as it is measured, also into a pipe or file
     py = sys.executable
@@ -316,10 +319,10 @@ def main():
             f"{', '.join(quirk_modules) or 'none'}"
         )
 
-        if importlib.util.find_spec("torch") is None:
-            print("4. import torch: torch not installed, skipped")
+        runs = max(10, args.runs // 2) if args.torch_runs is None else args.torch_runs
+        if importlib.util.find_spec("torch") is None or runs == 0:
+            print("4. import torch: skipped (torch not installed, or --torch-runs 0)")
             return
-        runs = max(10, args.runs // 2)
         print(f"4. import torch: {runs} interleaved runs per side ...")
         torch_cmd = [py, "-c", "import torch"]
         hooks = interleaved(

@@ -1,10 +1,9 @@
 """Interpreter start-up with NRL_SHIM=1: arm the shim, and load it when the process first has work for it.
 
 Most interpreters of a job never import a quirk's target (compile and tokenizer workers, shell-outs, the CLI's own
-helpers), yet every one of them starts with the shim. So when the .pth or a sitecustomize imports nrl_shim, this module
-reads only what activation would derive from the default settings -- every quirk's target modules, generated into
-_startup_index for the built-ins and cached with the plugin index (nrl_shim.plugins) for the others -- and puts two
-watchers on sys.meta_path: one first, for imports of those modules, one last, for importlib.metadata lookups a quirk's
+helpers), yet every one of them starts with the shim. So when the .pth or a sitecustomize imports nrl_shim, this
+module reads only the plan the plugin index keeps (nrl_shim.plugins: every quirk's target modules, built-in or plugin,
+computed when the index was written) and puts two watchers on sys.meta_path: one first, for imports of those modules, one last, for importlib.metadata lookups a quirk's
 setup() waits for (SETUP_DISTRIBUTION). The first hit completes the activation (nrl_shim.activation: settings, the
 registry, setups, patches), whose import finder then takes the first watcher's place; the target being imported is
 patched as if the shim had been active all along. So does any call that needs the full state (activate(),
@@ -13,7 +12,8 @@ active_settings()).
 Where arming could differ from activating at once, start-up activates at once, as an explicit `import nrl_shim` does:
 an NRL_* setting or NRL_SHIM_PLUGINS is set (settings are validated at start-up: a bad value ends the process with one
 line), the plugin index is stale (this start scans) or holds a plugin that failed, clashes or is misnamed (activation
-says so), or a quirk's setup() has work in this process now (e.g. vllm-eager-recipes with `--config`).
+says so), or a quirk's setup() has work in this process now (e.g. vllm-eager-recipes with `--config`) or in every
+process.
 
 Stdlib only (os, sys, _thread): this module is on every interpreter's start-up path.
 """
@@ -110,44 +110,25 @@ def disarm() -> None:
 
 def arm(how: str, complete: "Callable[[str], Any]") -> bool:
     """Arm the shim instead of activating it (see above); False when start-up must activate at once."""
-    from . import plugins
-    from ._startup_index import CORE, QUIRKS
+    from .plugins import start_up_plan
 
     environ = os.environ
     if environ.get("NRL_SHIM", "").strip().lower() not in TRUE:
         return False  # a value settings rejects: activation says so now
-    declared = plugins.cached()
-    if declared is None or environ.get(plugins.ENV):
+    plan = start_up_plan()
+    if plan is None:
         return False
-    names = set(CORE[0])
-    attrs = set(CORE[1])
-    ids = set()
-    modules: set[str] = set()
-    distributions: set[str] = set()
-    argv = getattr(sys, "argv", None) or ()
-    for record in QUIRKS + tuple(plugin[3] for plugin in declared):
-        if record is None:
-            return False  # a plugin that failed at the scan: activation warns (or, in strict mode, raises)
-        _module, quirk_id, targets, setup_argv, setup_distribution, variables, attributes = record
-        if quirk_id in ids or names.intersection(variables) or attrs.intersection(attributes):
-            return False  # a clash: activation raises the one clear error
-        ids.add(quirk_id)
-        names.update(variables)
-        attrs.update(attributes)
-        modules.update(targets)
-        if setup_argv is not None:
-            if setup_distribution:
-                distributions.add(setup_distribution.lower())
-            elif not setup_argv or any(arg == setup_argv or arg.startswith(setup_argv + "=") for arg in argv):
-                return False  # its setup() has work in this process now
-    names.discard("NRL_SHIM")
-    if any(environ.get(name, "").strip() for name in names):
+    modules, distributions, variables, options = plan
+    if any(environ.get(name, "").strip() for name in variables):
         return False  # settings to validate now (an empty one means its default, as settings reads it)
+    argv = getattr(sys, "argv", None) or ()
+    if any(arg == option or arg.startswith(option + "=") for option in options for arg in argv):
+        return False  # a setup() has work in this process now
     _Armed.how, _Armed.complete, _Armed.finder = how, complete, None
-    _Armed.watcher = Watcher(frozenset(modules), frozenset())
+    _Armed.watcher = Watcher(modules, frozenset())
     sys.meta_path.insert(0, _Armed.watcher)
     if distributions:
-        sys.meta_path.append(Watcher(frozenset(), frozenset(distributions)))  # last, like the finders it defers
+        sys.meta_path.append(Watcher(frozenset(), distributions))  # last, like the finders it defers
     return True
 
 

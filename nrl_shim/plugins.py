@@ -19,10 +19,11 @@ Not watched: the script's own directory and the current directory (`''`), which 
 distribution installed there is not found. Plugin packages reach Ray workers with their own Python the way the shim
 does (ray-propagate-env ships them with py_modules and lists their modules in NRL_SHIM_PLUGINS).
 
-The index also holds what start-up needs of each plugin quirk (record(): its id, targets, setup condition and
-variables; the built-ins' are generated into nrl_shim/_startup_index.py), read when the plugins are scanned (their
-modules imported once, then) and stamped with each module file's mtime: an edited plugin (an editable install) is
-scanned again. So an unchanged environment starts without importing any plugin (nrl_shim/_startup.py).
+The index also holds the plan of an armed start-up (nrl_shim/_startup.py: which modules and metadata lookups to
+watch, which variables and options make it activate at once), computed at the scan from each quirk's record(): the
+built-ins' generated into nrl_shim/_startup_index.py, the plugins' read by importing their modules then. It is stamped
+with those files' mtimes too: an edited plugin (an editable install) or catalogue (a checkout) is scanned again. So an
+unchanged environment starts without importing any plugin, or even the built-ins' index.
 
 Stdlib only (os, sys, marshal): this module is on every interpreter's start-up path.
 """
@@ -40,16 +41,17 @@ if TYPE_CHECKING:
     # What start-up needs of a quirk module (see record()): (module, id, target modules, setup condition, the
     # distribution whose metadata lookup setup() waits for, its variables' names, their Settings attributes).
     Record = tuple[str, str, tuple[str, ...], str | None, str | None, tuple[str, ...], tuple[str, ...]]
-    # A plugin as start-up sees it: the Plugin, then its Record, or None when its module failed to import or to
-    # declare the contract at the scan (activation then says why).
-    Declared = tuple[str, str | None, str, Record | None]
+    # What an armed start-up needs (nrl_shim/_startup.py): the target modules to watch, the distribution names whose
+    # metadata lookup a setup() waits for, the variables whose being set means settings to validate at once, and the
+    # command-line options with which a setup() has work at once.
+    Plan = tuple[frozenset[str], frozenset[str], tuple[str, ...], tuple[str, ...]]
 
 GROUP = "nrl_shim.quirks"
 # Quirk modules to load beside the entry points, comma separated: how Ray workers with their own Python (no dist-info
 # of the plugin there) learn which shipped modules are quirks. Users may set it too (a quirk module not packaged yet).
 ENV = "NRL_SHIM_PLUGINS"
 ENV_SOURCE = ENV  # what stands for the distribution in messages about a module listed there
-_FORMAT = 2  # bump when the cached tuple changes shape
+_FORMAT = 3  # bump when the cached tuple changes shape
 
 
 def declared() -> "tuple[Plugin, ...]":
@@ -66,19 +68,19 @@ def discovered() -> "tuple[Plugin, ...]":
     if cached is not None:
         return cached[0]
     stamp = _stamp(paths)  # before the scan: an install while it runs is seen at the next start
-    found, records, files = _index(paths)
-    _write(cache_file(paths), (_FORMAT, paths, stamp, found, records, files, _stamp(files)))
+    found, plan, files = _index(paths)
+    _write(cache_file(paths), (_FORMAT, paths, stamp, found, plan, files, _stamp(files)))
     return found
 
 
-def cached() -> "tuple[Declared, ...] | None":
-    """The plugins (not nrl-shim's own entry points) with their records, from the cache; None when it is missing or
-    stale (no scan here: start-up then activates fully, which scans)."""
+def start_up_plan() -> "Plan | None":
+    """What an armed start-up needs, from the cache; None when the cache is missing or stale (no scan here: start-up
+    then activates at once, which scans) or when start-up must activate at once anyway (see _plan)."""
     cached = _read(watched_paths())
     return None if cached is None else cached[1]
 
 
-def _read(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], tuple[Declared, ...]] | None":
+def _read(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None] | None":
     try:
         # os.open/os.read rather than open(): no io objects, no isatty/fstat calls; the file is a few hundred bytes.
         fd = os.open(cache_file(paths), os.O_RDONLY)
@@ -86,9 +88,9 @@ def _read(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], tuple[Declared
             data = os.read(fd, 1 << 20)
         finally:
             os.close(fd)
-        fmt, cached_paths, stamp, found, records, files, file_stamp = marshal.loads(data)
+        fmt, cached_paths, stamp, found, plan, files, file_stamp = marshal.loads(data)
         if fmt == _FORMAT and cached_paths == paths and stamp == _stamp(paths) and file_stamp == _stamp(files):
-            return found, records
+            return found, plan
     except Exception:  # no cache yet, unreadable, another Python's marshal format or another shape, torn: stale
         pass
     return None
@@ -152,27 +154,56 @@ def scan(paths: "tuple[str, ...]") -> "tuple[Plugin, ...]":
     return tuple(found)
 
 
-def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], tuple[Declared, ...], tuple[str, ...]]":
-    """Scan `paths`; import each plugin module found (not nrl-shim's own) to read its record, and note its file."""
-    from ._startup_index import QUIRKS as BUILTIN
+def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None, tuple[str, ...]]":
+    """Scan `paths`; import each plugin module found (not nrl-shim's own) to read its record; the start-up plan from
+    the built-ins' records and theirs; the files they come from (stamped: an edit is seen at the next start)."""
+    from . import _startup_index
 
     found = scan(paths)
-    builtin = {entry[0] for entry in BUILTIN}
-    records: list[Declared] = []
-    files: list[str] = []
-    for dist, ep_name, module_name in found:
+    builtin = {entry[0] for entry in _startup_index.QUIRKS}
+    records: list[Record | None] = list(_startup_index.QUIRKS)
+    files = [_startup_index.__file__]  # the catalogue itself (a checkout on PYTHONPATH changes without an install)
+    for _dist, ep_name, module_name in found:
         if module_name in builtin:
             continue
         try:
             __import__(module_name)
             module = sys.modules[module_name]
-            entry: Record | None = record(module, ep_name)
+            records.append(record(module, ep_name))
             if getattr(module, "__file__", None):
                 files.append(module.__file__)  # type: ignore[arg-type]
         except Exception:  # activation imports it again and says why, once
-            entry = None
-        records.append((dist, ep_name, module_name, entry))
-    return found, tuple(records), tuple(files)
+            records.append(None)
+    return found, _plan(_startup_index.CORE, records), tuple(files)
+
+
+def _plan(core: "tuple[tuple[str, ...], tuple[str, ...]]", records: "list[Record | None]") -> "Plan | None":
+    """The start-up plan for the quirks of `records`, or None where start-up must activate at once in every process:
+    a plugin that failed at the scan or clashes (activation says so), a setup() with work in every process."""
+    names, attrs = set(core[0]), set(core[1])
+    ids: set[str] = set()
+    modules: set[str] = set()
+    distributions: set[str] = set()
+    options: list[str] = []
+    for entry in records:
+        if entry is None:
+            return None
+        _module, quirk_id, targets, setup_argv, setup_distribution, variables, attributes = entry
+        if quirk_id in ids or names.intersection(variables) or attrs.intersection(attributes):
+            return None
+        ids.add(quirk_id)
+        names.update(variables)
+        attrs.update(attributes)
+        modules.update(targets)
+        if setup_argv is not None:
+            if setup_distribution:
+                distributions.add(setup_distribution.lower())
+            elif setup_argv:
+                options.append(setup_argv)
+            else:
+                return None
+    names.discard("NRL_SHIM")
+    return frozenset(modules), frozenset(distributions), (*sorted(names), ENV), tuple(options)
 
 
 def record(module: "ModuleType", ep_name: "str | None" = None) -> "Record":

@@ -1,5 +1,5 @@
 """An armed start-up (nrl_shim/_startup.py): with NRL_SHIM=1 and nothing to validate, an interpreter's start-up loads
-four small modules and puts two watchers on sys.meta_path; the first import of a quirk's target (or a lookup a setup()
+three small modules and puts two watchers on sys.meta_path; the first import of a quirk's target (or a lookup a setup()
 waits for, or a call that needs the full state) completes the activation, with the same result as activating at
 start-up. Where arming could differ, start-up activates at once. The children start through nrl_shim/_bootstrap's
 sitecustomize (as a Ray worker's own Python does), each with its own plugin-index cache."""
@@ -11,7 +11,7 @@ import pytest
 from conftest import SOURCE_ROOT, run_child_json
 
 BOOTSTRAP = os.path.join(SOURCE_ROOT, "nrl_shim", "_bootstrap")
-ARMED = ["nrl_shim", "nrl_shim._startup", "nrl_shim._startup_index", "nrl_shim.plugins"]
+ARMED = ["nrl_shim", "nrl_shim._startup", "nrl_shim.plugins"]
 # A quirk from outside the catalogue with eight targets, each module's run() wrapped (see test_plugins.py for the
 # plugin rules themselves).
 PLUGIN = """
