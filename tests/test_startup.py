@@ -79,7 +79,7 @@ def test_start_up_arms_and_the_first_target_import_activates(tmp_path, site):
     assert out["active"] is True
     # The first import completed the activation: the same patches, finders and quirk modules as activating at once.
     assert out["results"] == first["results"] == {"acme_t0": "patched", "ray._private.worker": None}
-    assert out["patched"] == first["patched"] == [["acme-many", "acme_t0"]]
+    assert out["patched"] == first["patched"] and ["acme-many", "acme_t0"] in out["patched"]  # (+ Ray's, if installed)
     assert out["finders"] == ["_TargetFinder", "Watcher", "VllmAliasFinder"]  # the import watcher replaced in place
     assert first["finders"] == ["_TargetFinder", "VllmAliasFinder"]
     quirk_modules = [name for name in out["after"] if name.startswith("nrl_shim.quirks.")]
