@@ -1,6 +1,8 @@
 """nrl-shim: known model-specific fixes for vLLM rollouts and torch FSDP2 context parallel, for unmodified RL code.
 
-`import nrl_shim` activates it in this process (and, through NRL_SHIM=1 in the environment, in every child).
+`import nrl_shim` activates it in this process (and, through NRL_SHIM=1 in the environment, in every child). At
+interpreter start-up with NRL_SHIM=1 (the .pth, or nrl_shim/_bootstrap's sitecustomize) it is armed instead: it loads
+at the first import of a quirk's target (nrl_shim/_startup.py).
 """
 
 import os as _os
@@ -77,12 +79,11 @@ def __getattr__(name: str) -> "Any":
     return value
 
 
-def _complete_activation(how: str) -> "Any":
-    """Complete an armed start-up (nrl_shim/_startup.py calls it): full activation; the import finder it put in place."""
+def _complete_activation(how: str) -> None:
+    """Complete an armed start-up (nrl_shim/_startup.py calls it): activation, whose finder takes the watcher's place."""
     from . import activation
 
     activation.activate(how=how)
-    return activation.import_finder()
 
 
 def _activate_on_import() -> None:

@@ -36,7 +36,7 @@ FALSE = ("0", "false", "no", "off")
 
 class _Armed:
     how: "str | None" = None  # what armed the shim (the DEBUG line of the completed activation says it)
-    complete: "Callable[[str], Any] | None" = None  # activates fully; returns the import finder it put in place
+    complete: "Callable[[str], object] | None" = None  # activates (activation calls hand_over with its finder)
     finder: "Any" = None  # that finder, once activation took over
     watcher: "Watcher | None" = None  # the import watcher, until then
     firing: "set[int]" = set()  # threads completing the activation right now
@@ -108,7 +108,7 @@ def disarm() -> None:
     _Armed.how = _Armed.complete = _Armed.finder = _Armed.watcher = None
 
 
-def arm(how: str, complete: "Callable[[str], Any]") -> bool:
+def arm(how: str, complete: "Callable[[str], object]") -> bool:
     """Arm the shim instead of activating it (see above); False when start-up must activate at once."""
     from .plugins import start_up_plan
 

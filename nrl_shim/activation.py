@@ -50,11 +50,6 @@ def is_active() -> bool:
     return _State.active or _startup.is_armed()
 
 
-def import_finder() -> "_TargetFinder | None":
-    """The import finder activation put on sys.meta_path, or None."""
-    return next((f for f in sys.meta_path if isinstance(f, _TargetFinder)), None)
-
-
 def patched() -> "list[tuple[str, str]]":
     """(quirk id, module name) pairs patched in this process, for doctor and tests."""
     return sorted(_State.patched)
