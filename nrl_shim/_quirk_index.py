@@ -243,4 +243,8 @@ QUIRKS = (
 PRE_TARGETS = (
     ("vllm.tool_parsers.utils", "vllm-openai-namespace-tool"),
 )
+# Per setup() an armed start-up defers to a metadata lookup (SETUP_DISTRIBUTION): (quirk id, name).
+SETUP_DISTRIBUTIONS = (
+    ("vllm-dist-alias", "vllm"),
+)
 # fmt: on

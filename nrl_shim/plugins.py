@@ -21,9 +21,9 @@ does (ray-propagate-env ships them with py_modules and lists their modules in NR
 
 The index also holds the plan of an armed start-up (nrl_shim/_startup.py: which modules and metadata lookups to
 watch, which variables and options make it activate at once), computed at the scan from each quirk's record(): the
-built-ins' generated into nrl_shim/_startup_index.py, the plugins' read by importing their modules then. It is stamped
-with those files' mtimes too: an edited plugin (an editable install) or catalogue (a checkout) is scanned again. So an
-unchanged environment starts without importing any plugin, or even the built-ins' index.
+built-ins' from nrl_shim/_quirk_index.py, the plugins' read by importing their modules then. It is stamped with those
+files' mtimes too: an edited plugin (an editable install) or catalogue (a checkout) is scanned again. So an unchanged
+environment starts without importing any plugin, the quirk index or the settings.
 
 Stdlib only (os, sys, marshal): this module is on every interpreter's start-up path.
 """
@@ -157,12 +157,19 @@ def scan(paths: "tuple[str, ...]") -> "tuple[Plugin, ...]":
 def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None, tuple[str, ...]]":
     """Scan `paths`; import each plugin module found (not nrl-shim's own) to read its record; the start-up plan from
     the built-ins' records and theirs; the files they come from (stamped: an edit is seen at the next start)."""
-    from . import _startup_index
+    from . import _quirk_index
+    from .settings import CORE_VARIABLES
 
     found = scan(paths)
-    builtin = {entry[0] for entry in _startup_index.QUIRKS}
-    records: list[Record | None] = list(_startup_index.QUIRKS)
-    files = [_startup_index.__file__]  # the catalogue itself (a checkout on PYTHONPATH changes without an install)
+    deferred = dict(_quirk_index.SETUP_DISTRIBUTIONS)
+    # The built-ins' records, as record() reads a module, from the quirk index (no quirk module imported).
+    records: list[Record | None] = [
+        (module, quirk_id, targets, setup_argv, deferred.get(quirk_id), tuple(v.name for v in variables),
+         tuple(v.attr for v in variables))
+        for module, quirk_id, targets, setup_argv, variables in _quirk_index.QUIRKS
+    ]  # fmt: skip
+    builtin = {entry[0] for entry in _quirk_index.QUIRKS}
+    files = [_quirk_index.__file__]  # the catalogue itself (a checkout on PYTHONPATH changes without an install)
     for _dist, ep_name, module_name in found:
         if module_name in builtin:
             continue
@@ -174,7 +181,8 @@ def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None, 
                 files.append(module.__file__)  # type: ignore[arg-type]
         except Exception:  # activation imports it again and says why, once
             records.append(None)
-    return found, _plan(_startup_index.CORE, records), tuple(files)
+    core = (tuple(v.name for v in CORE_VARIABLES), tuple(v.attr for v in CORE_VARIABLES))
+    return found, _plan(core, records), tuple(files)
 
 
 def _plan(core: "tuple[tuple[str, ...], tuple[str, ...]]", records: "list[Record | None]") -> "Plan | None":
@@ -208,7 +216,7 @@ def _plan(core: "tuple[tuple[str, ...], tuple[str, ...]]", records: "list[Record
 
 def record(module: "ModuleType", ep_name: "str | None" = None) -> "Record":
     """What start-up needs of a quirk module, once it passes the contract checks every plugin must pass (a ValueError
-    or AttributeError names what is wrong). One rule for the built-ins (generated into _startup_index), the plugins'
+    or AttributeError names what is wrong). One rule for the built-ins (the quirk index holds the same), the plugins'
     cached records and the registry's checks."""
     quirk_id = module.ID
     if ep_name is not None and ep_name != quirk_id:

@@ -29,23 +29,22 @@ def test_index_file_is_generated_from_the_quirk_modules():
     assert docs.INDEX_PATH.read_text() == docs.quirk_index_source(), (
         "nrl_shim/_quirk_index.py is stale: regenerate it with `python -m nrl_shim.docs`"
     )
-    assert docs.STARTUP_INDEX_PATH.read_text() == docs.startup_index_source(), (
-        "nrl_shim/_startup_index.py is stale: regenerate it with `python -m nrl_shim.docs`"
-    )
 
 
-def test_the_start_up_index_agrees_with_the_quirk_index():
-    # Independent of the generator: what start-up watches is what activation watches with every quirk enabled.
-    from nrl_shim import _startup_index
+def test_the_start_up_plan_watches_what_activation_watches():
+    # The plan an armed start-up reads (written with the plugin index; here over no sys.path entry: the built-ins
+    # alone) against the quirk index: every target, every variable, the deferred setup and the setup's option.
+    from nrl_shim import plugins
     from nrl_shim.settings import CORE_VARIABLES
 
-    names, attrs = _startup_index.CORE
-    assert names == tuple(v.name for v in CORE_VARIABLES) and attrs == tuple(v.attr for v in CORE_VARIABLES)
-    assert [(r[0], r[1], r[2], r[3]) for r in _startup_index.QUIRKS] == [e[:4] for e in _quirk_index.QUIRKS]
-    assert [(r[5], r[6]) for r in _startup_index.QUIRKS] == [
-        (tuple(v.name for v in e[4]), tuple(v.attr for v in e[4])) for e in _quirk_index.QUIRKS
-    ]
-    assert {name for name, _ in _quirk_index.PRE_TARGETS} <= {t for r in _startup_index.QUIRKS for t in r[2]}
+    _found, plan, files = plugins._index(())
+    modules, distributions, variables, options = plan
+    assert modules == {name for entry in _quirk_index.QUIRKS for name in entry[2]}
+    assert {name for name, _ in _quirk_index.PRE_TARGETS} <= modules
+    assert distributions == {"vllm"} and options == ("--config",)  # vllm-dist-alias, vllm-eager-recipes
+    declared = {v.name for v in CORE_VARIABLES} | {v.name for entry in _quirk_index.QUIRKS for v in entry[4]}
+    assert set(variables) == (declared - {"NRL_SHIM"}) | {"NRL_SHIM_PLUGINS"}
+    assert files == (_quirk_index.__file__,)
 
 
 def test_index_declares_what_each_quirk_module_declares():
@@ -56,6 +55,9 @@ def test_index_declares_what_each_quirk_module_declares():
         assert indexed.id == loaded.id and indexed.targets == loaded.targets, entry[0]
         assert indexed.setup_argv == loaded.setup_argv, entry[0]
         assert indexed.settings == loaded.settings, entry[0]  # names, parsers, defaults, texts
+    deferred = [(q.id, q.module.SETUP_DISTRIBUTION) for q in map(registry.Quirk, map(importlib.import_module,
+        registry.QUIRK_MODULES)) if q.setup is not None and getattr(q.module, "SETUP_DISTRIBUTION", None)]  # fmt: skip
+    assert list(_quirk_index.SETUP_DISTRIBUTIONS) == deferred
 
 
 def test_the_rest_of_a_quirk_loads_on_first_use_and_keeps_what_was_set_before():
