@@ -8,6 +8,36 @@ import os
 
 from nrl_shim.explain.tiny_configs import CONFIGS
 
+# Tiny mixture-of-experts models (not in explain's CONFIGS: no explain demo uses them). The CPU attention kernels
+# refuse head_dim 16/32 for these; 8 experts, top-2, 2 layers. Qwen2-MoE adds a shared expert and its gate.
+_MOE = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "intermediate_size": 128,
+    "rope_theta": 10000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+MOE_CONFIGS = {
+    "qwen3_moe": dict(_MOE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", norm_topk_prob=True),
+    "qwen2_moe": dict(
+        _MOE,
+        architectures=["Qwen2MoeForCausalLM"],
+        model_type="qwen2_moe",
+        shared_expert_intermediate_size=64,
+        decoder_sparse_step=1,
+    ),
+}
+
 # Wider than transformers' default init (0.02), so greedy tokens don't hinge on near-ties between vLLM's kernels and
 # transformers' (both in float32).
 INIT_STD = 0.3
@@ -44,7 +74,7 @@ def write_model(
         return directory
     os.makedirs(directory, exist_ok=True)
     config = dict(
-        CONFIGS[kind], initializer_range=INIT_STD, torch_dtype="float32", tie_word_embeddings=tie_word_embeddings
+        {**CONFIGS, **MOE_CONFIGS}[kind], initializer_range=INIT_STD, torch_dtype="float32", tie_word_embeddings=tie_word_embeddings
     )
     if "sliding_window" in config:
         config["sliding_window"] = 64  # longer than any test sequence; transformers 5 can't run with None
@@ -84,3 +114,27 @@ def state_dict_items(directory: str):
     from safetensors.torch import load_file
 
     return list(load_file(os.path.join(directory, "model.safetensors")).items())
+
+
+def teacher_forced_gaps(
+    directory: str, prompts: list[list[int]], outputs: list[list[int]], logprobs: list[list[float]]
+) -> list[float]:
+    """Per prompt, how far an engine's greedy continuation (`outputs`, with the logprob the engine returned for each
+    token) is from transformers' float32 forward of the checkpoint, fed the same tokens: the largest of |engine
+    logprob - transformers' logprob of that token| and (transformers' best logprob - that token's). 0 when the engine
+    computes what transformers does; near-ties between kernels stay small, where greedy token lists would differ."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
+    gaps = []
+    with torch.no_grad():
+        for prompt, tokens, engine in zip(prompts, outputs, logprobs):
+            ids = torch.tensor([list(prompt) + list(tokens)])
+            logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+            reference = torch.log_softmax(logits.float(), dim=-1)
+            chosen = reference[torch.arange(len(tokens)), torch.tensor(tokens)]
+            off = (chosen - torch.tensor(engine, dtype=torch.float32)).abs()
+            behind = reference.max(dim=-1).values - chosen
+            gaps.append(float(torch.maximum(off, behind).max()))
+    return gaps
