@@ -40,7 +40,13 @@ TEST_WORKERS = ["-n", "2", "--dist", "loadfile"]
 # its tests over both workers (11 min); its module fixtures are cheap (tiny checkpoints) or NeMo RL f963's drivers,
 # which a worker then builds for its own tests.
 SPREAD_WORKERS = ["-n", "2", "--dist", "load"]
-TEST_ENV = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+# VLLM_CPU_KVCACHE_SPACE: every CPU engine of the tests gets a fixed 1 GiB KV cache. vLLM's CPU default (a fraction of
+# the first memory node, minus what the process already holds) goes below zero where node 0 is small: a machine of
+# this kind with 23 GiB showed one node of 7.6 GiB (2026-12-02), and engines asking for 0.05 of it failed to start.
+TEST_ENV = {
+    "PYTHONPATH": str(Path(__file__).resolve().parent),
+    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+}
 XDIST = "pytest-xdist>=3"
 # The config-level matrix runs in the fuller run (`nox -t ci full`): both ends of the supported range, vLLM's GPU
 # wheels (0.8.5 and 0.33.0, ~23 and ~25 min here). CI's 75-min budget goes to today's releases with real engines

@@ -298,6 +298,9 @@ def main():
         policy = write_policy(directory).train()
         optimizer = torch.optim.Adam(policy.parameters(), lr=LEARNING_RATE)
         say(f"starting vLLM ({args.dtype}) with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
+        # vLLM's CPU build: a fixed KV cache (GiB). Its default, a fraction of the memory node the process runs on,
+        # minus what the process already holds, is below zero on a machine whose node 0 is small (8 GiB seen here).
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         with native_stderr_kept_back(args.verbose):
             import vllm
             from vllm import LLM
@@ -310,7 +313,7 @@ def main():
             dtype=args.dtype,
             max_model_len=128,
             enforce_eager=True,
-            gpu_memory_utilization=0.05,  # on vLLM's CPU build (>= 0.10): a fraction of host memory for the KV cache
+            gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE (below)
         )
         engine = "V1" if type(llm.llm_engine).__module__.startswith("vllm.v1") else "V0"
         load_format = llm.llm_engine.vllm_config.load_config.load_format
