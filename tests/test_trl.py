@@ -111,6 +111,44 @@ def test_grpo_trains_and_the_engine_follows_the_policy_under_the_shim(under_the_
     assert output.count(CPU_REFIT_LINE) == 1, tail(output)
 
 
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    from tiny_models import write_model
+
+    return write_model(tmp_path_factory.mktemp("trl_moe") / "policy", "qwen3_moe", tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def moe_under_the_shim(moe_model, tmp_path_factory):
+    return train(tmp_path_factory.mktemp("moe_shim"), moe_model, True, {})
+
+
+@pytest.fixture(scope="module")
+def moe_without_the_fix(moe_model, tmp_path_factory):
+    # Today's shim without vllm-layerwise-refit: vllm-cpu-refit keeps the linear layers live, so TRL's refits succeed.
+    return train(tmp_path_factory.mktemp("moe_plain"), moe_model, True, {"NRL_SHIM_DISABLE": "vllm-layerwise-refit"})
+
+
+def test_a_moe_policy_trains_and_the_engine_follows_it_under_the_shim(moe_under_the_shim):
+    # A tiny Qwen3-MoE policy (8 experts, top-2): TRL sends transformers 5's fused expert tensors one per call; the
+    # shim runs each refit through vLLM's layerwise reload and the CPU build's experts are prepacked again.
+    proc, output, result = moe_under_the_shim
+    assert proc.returncode == 0 and result, tail(output)
+    assert result["global_step"] == 2
+    assert result["gap_to_policy"] < BF16_GAP, result  # measured 0.10
+    assert result["gap_to_initial"] > MOVED and result["stale_gap_to_policy"] > MOVED, result
+    assert output.count("[vllm-layerwise-refit] refit of Qwen3MoeForCausalLM") == 1, tail(output)
+    assert output.count("[vllm-layerwise-refit] vLLM CPU build: fused-MoE experts on a weight update") == 1
+
+
+def test_without_the_fix_trls_moe_engine_is_silently_scrambled(moe_without_the_fix):
+    proc, output, result = moe_without_the_fix
+    # It trains, no error anywhere, yet the engine's logprobs are neither the policy's nor the initial weights'.
+    assert proc.returncode == 0 and result, tail(output)
+    assert result["gap_to_policy"] > MOVED, result  # measured 15.5: the failure the fix is for must reproduce
+    assert "[vllm-layerwise-refit]" not in output
+
+
 def test_the_recipe_makes_trls_engine_eager(under_the_shim):
     proc, output, result = under_the_shim
     assert proc.returncode == 0 and result, tail(output)
