@@ -3,8 +3,8 @@
 - `model.load_weights(state_dict)` through the fix (vLLM's layerwise reload opened at the call, closed by the next
   forward: timed up to and including one forward of a one-token prompt, which runs the finalize),
 - vLLM's own in-place `reload_weights(weights_iterator=...)` (the same bracket, vLLM's way; with the shim's CPU prepack),
-- vLLM's loader reading the same weights from the checkpoint (`model_runner.reload_weights()` with no iterator: disk,
-  then the same processing) as "vLLM loading the same weights",
+- vLLM's loader reading the same weights from the checkpoint (`model_runner.reload_weights()` with no iterator and the
+  load format set to safetensors: disk, then the same processing) as "vLLM loading the same weights",
 then generation tokens/s after a fix refit vs after vLLM's reload (the same kernels: the ratio should be ~1). The
 engine's greedy tokens after each fix refit are checked against vLLM's own reload's. Ratios of medians, printed.
 Model: a Qwen3-MoE (hidden 512, 4 layers, 16 experts, top-2, ~0.1B parameters, float32).
@@ -51,7 +51,9 @@ def main():
     nrl_shim.activate()
     from tiny_models import state_dict_items, write_model
 
-    directory = write_model(os.path.join(tempfile.mkdtemp(prefix="bench-layerwise-"), "moe"), "qwen3_moe", overrides=MODEL)
+    directory = write_model(
+        os.path.join(tempfile.mkdtemp(prefix="bench-layerwise-"), "moe"), "qwen3_moe", overrides=MODEL
+    )
     say(f"model written to {directory}; starting the engine (dummy load) ...")
     from vllm import LLM, SamplingParams
 
@@ -79,6 +81,9 @@ def main():
         outputs = llm.generate(prompts, greedy, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs], args.batch * args.tokens / (time.perf_counter() - start)
 
+    # vLLM's own load from the checkpoint (its reload_weights without an iterator reads the files with the engine's
+    # load format, which is "dummy" here: give it the real one for this).
+    runner.vllm_config.load_config.load_format = "safetensors"
     ways = {
         "fix (load_weights + next forward)": lambda: (model.load_weights(items), forward_once()),
         "vLLM reload_weights(iterator)": lambda: (runner.reload_weights(weights_iterator=iter(items)), forward_once()),

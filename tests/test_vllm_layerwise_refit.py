@@ -101,7 +101,14 @@ def under_shim(models, tmp_path_factory):
             refits=[("load_weights", "a"), ("per_tensor", "b"), ("reload_weights", "a")],
         ),
         case("qwen2_moe_bf16", models, "qwen2_moe", dtype="bfloat16", refits=[("per_tensor", "a")]),
-        case("qwen3_moe_auto_bf16", models, "qwen3_moe", load_format="auto", dtype="bfloat16", refits=[("load_weights", "b")]),
+        case(
+            "qwen3_moe_auto_bf16",
+            models,
+            "qwen3_moe",
+            load_format="auto",
+            dtype="bfloat16",
+            refits=[("load_weights", "b")],
+        ),
         # Real weights: vLLM packs the linear layers (parameters dropped), so they too are re-laid out.
         case("llama_auto", models, "llama", load_format="auto", refits=[("per_tensor", "b"), ("load_weights", "a")]),
     ]

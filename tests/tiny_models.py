@@ -74,7 +74,10 @@ def write_model(
         return directory
     os.makedirs(directory, exist_ok=True)
     config = dict(
-        {**CONFIGS, **MOE_CONFIGS}[kind], initializer_range=INIT_STD, torch_dtype="float32", tie_word_embeddings=tie_word_embeddings
+        {**CONFIGS, **MOE_CONFIGS}[kind],
+        initializer_range=INIT_STD,
+        torch_dtype="float32",
+        tie_word_embeddings=tie_word_embeddings,
     )
     if "sliding_window" in config:
         config["sliding_window"] = 64  # longer than any test sequence; transformers 5 can't run with None

@@ -83,11 +83,16 @@ def patch(module, settings):
 
     name = module.__name__
     if name.endswith(".base_loader"):
+        # load_model calls initialize_model by this module's name for it (0.9 - 0.33): the one place to see the
+        # layers as the model built them.
         wrap(module, "initialize_model", _initialize_model_wrapper, ID)
         wrap(module.BaseModelLoader, "load_model", _load_model_wrapper(settings), ID)
     elif name.endswith(".utils"):
-        wrap(module, "process_weights_after_loading", _process_wrapper, ID)
-    else:
+        # The caller's own re-processing (verl); releases whose utils lack it have no bracket to close either.
+        if hasattr(module, "process_weights_after_loading"):
+            wrap(module, "process_weights_after_loading", _process_wrapper, ID)
+    elif hasattr(getattr(module, "UnquantizedFusedMoEMethod", None), "_setup_kernel"):
+        # From 0.22: the CPU experts' prepack runs inside _setup_kernel, on its first call only.
         wrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", _setup_kernel_wrapper, ID)
 
 
@@ -101,7 +106,7 @@ def unpatch(module):
         unwatch_all()
     elif name.endswith(".utils"):
         unwrap(module, "process_weights_after_loading", ID)
-    else:
+    elif hasattr(module, "UnquantizedFusedMoEMethod"):
         unwrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", ID)
 
 
@@ -117,7 +122,9 @@ def describe(settings, version):
             "refits through load_weights into layers re-laid out after loading: through vLLM's layerwise reload "
             "(finished before the next forward); other models untouched"
         )
-    why = "NRL_SHIM_LAYERWISE_REFIT=guard" if settings.layerwise_refit == "guard" else f"vLLM {version} < {RELOAD_SINCE}"
+    why = (
+        "NRL_SHIM_LAYERWISE_REFIT=guard" if settings.layerwise_refit == "guard" else f"vLLM {version} < {RELOAD_SINCE}"
+    )
     return f"{why}: a refit into layers re-laid out after loading is named at the next forward ({_severity(settings)})"
 
 
