@@ -193,6 +193,22 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm_rollout_sampling",
+        "vllm-rollout-sampling",
+        ("vllm.engine.arg_utils", "vllm.envs", "vllm.utils.argparse_utils", "vllm.utils"),
+        None,
+        (
+            Variable(
+                "NRL_SHIM_SAMPLING_DEFAULTS",
+                "sampling_defaults",
+                choice("rl", "serving"),
+                "rl",
+                "`rl` / `serving`",
+                "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint generation_config sampling defaults, processed logprobs, tool calls not grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
+            ),
+        ),
+    ),
+    (
         "nrl_shim.quirks.vllm_dist_alias",
         "vllm-dist-alias",
         (),

@@ -268,6 +268,14 @@ def test_under_the_shim_it_is_active_in_the_actors_and_finds_nothing_to_change(r
     assert shim_changes(stderr) == []
 
 
+def test_logprobs_mode_kept_where_nemo_rls_config_sets_it_and_set_where_it_does_not(runs):
+    _, _, logs = runs(True)
+    tag = "[vllm-rollout-sampling] vllm logprobs_mode"
+    assert logs["sync"].count(f"{tag}: nothing to change (the caller asked for processed_logprobs") == 1  # vllm_cfg's
+    assert f"{tag}: 'raw_logprobs' -> 'processed_logprobs'" not in logs["sync"]
+    assert logs["async"].count(f"{tag}: 'raw_logprobs' -> 'processed_logprobs'") == 1  # a config without the key
+
+
 def test_async_worker_under_a_tiny_timeout_behaves_as_without_the_shim(runs, reference):
     """Depends on the shim standing down for NeMo RL's own async worker (see the module docstring)."""
     plain, _, _ = runs(False)

@@ -156,6 +156,14 @@ def test_the_recipe_makes_trls_engine_eager(under_the_shim):
     assert result["engine"]["enforce_eager"] is True
 
 
+def test_trl_asks_for_processed_logprobs_itself_so_that_fix_stays_idle(under_the_shim):
+    proc, output, result = under_the_shim
+    assert proc.returncode == 0 and result, tail(output)
+    line = "[vllm-rollout-sampling] vllm logprobs_mode: nothing to change (the caller asked for processed_logprobs"
+    assert output.count(line) == 1, tail(output)
+    assert "[vllm-rollout-sampling] vllm logprobs_mode: 'raw_logprobs'" not in output
+
+
 def test_trl_resets_the_prefix_cache_after_its_refits_so_that_fix_stays_idle(under_the_shim):
     proc, output, result = under_the_shim
     assert proc.returncode == 0 and result, tail(output)

@@ -215,6 +215,9 @@ def gemma_fix_line(model):
     return f"[vllm-gemma-load-format] vllm load_format for gemma3_text model {model!r}: 'dummy' -> 'auto'"
 
 
+SAMPLING = "vllm-rollout-sampling"
+
+
 def guard_warnings(logs):
     """The refit guard's warnings (the shim's log lines: `nrl_shim WARNING: [vllm-refit-guard] ...`)."""
     return [
@@ -308,6 +311,15 @@ def test_under_the_shim_gemma_loads_auto_inside_verls_server(under_shim, models,
     tokens = steps_of(out, "generate")[0]
     check_no_error(tokens)
     assert tokens["tokens"] == references["gemma"]
+
+
+def test_verl_sets_its_own_rollout_sampling_so_that_fix_stays_idle(under_shim):
+    _, _, logs = under_shim
+    # verl passes --logprobs-mode processed_logprobs and --override-generation-config (temperature, top_k, top_p, ...)
+    # in the argument list it parses with vLLM's own parser: the shim reads them there and changes neither.
+    assert logs[1].count(f"[{SAMPLING}] vllm logprobs_mode: nothing to change (the caller asked for processed") == 1
+    said = [line for line in logs[1].splitlines() if f"[{SAMPLING}] vllm generation_config" in line]
+    assert len(said) == 1 and "nothing to change" in said[0] and "override_generation_config" in said[0], said
 
 
 def test_under_the_shim_a_refit_omitting_a_tensor_is_named_and_a_full_refit_is_quiet(under_shim, references):

@@ -56,6 +56,30 @@ def write_tokenizer(directory: str, vocab_size: int) -> None:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}, f)
 
 
+def write_byte_tokenizer(directory: str, vocab_size: int, chat_template: str | None = None) -> None:
+    """A byte-level tokenizer (the 256 byte symbols, no merges; `<tool_call>`/`</tool_call>` as tokens; plain added
+    tokens up to `vocab_size`), for engines that must emit any text: a grammar (JSON, a tool-call tag) can always be
+    followed, which a word-level vocabulary can't. Built with the `tokenizers` library; eos is id 2."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [AddedToken(tag, special=False, normalized=False) for tag in ("<tool_call>", "</tool_call>")]
+    )
+    tokenizer.add_tokens(
+        [AddedToken(f"<x{i}>", normalized=False) for i in range(tokenizer.get_vocab_size(), vocab_size)]
+    )
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": alphabet[2]}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+
+
 def write_model(
     directory: str,
     kind: str,

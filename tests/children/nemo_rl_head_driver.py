@@ -151,6 +151,8 @@ def main():
                 "enable_prefix_caching": False,
             },
         }
+        if not async_engine:  # NeMo RL's key, set in one worker's config and not the other's: the shim idle / acting
+            config["vllm_cfg"]["logprobs_mode"] = "processed_logprobs"
         return configure_generation_config(config, tokenizer, is_eval=False)
 
     log("init_ray")

@@ -1,0 +1,87 @@
+"""vLLM's sampling defaults on real engines (CPU build), for test_vllm_rollout_sampling.py:
+`python rollout_sampling_engine.py MODEL_DIR CASES.json`. MODEL_DIR's generation_config.json carries sampling values
+(top_k 1, top_p 0.001, temperature 0.1). Per case: an in-process `LLM` (keyword arguments from the case), then
+- `distinct`: distinct completions of 8 requests made with no sampling params (vLLM's defaults then apply),
+- `logprob_gap`: the largest |vLLM's logprob - transformers' log_softmax(logits / 0.5)| over 8 tokens sampled at
+  temperature 0.5,
+- what the engine's config says (generation_config, logprobs_mode) and the eos id its input processor stops on.
+A case with "argv": vLLM's own command-line parser (`vllm serve`'s) given that argument list, as verl's server does,
+then `AsyncEngineArgs.from_cli_args(...).create_engine_config()`: the config only, no engine.
+Prints one JSON line: {"cases": {...}, "log": [[level, message], ...], "env": VLLM_ENFORCE_STRICT_TOOL_CALLING}.
+"""
+
+import gc
+import json
+import logging
+import os
+import sys
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: its config is reachable
+PROMPT = [5, 17, 42]
+TEMPERATURE = 0.5
+TOKENS = 8
+
+
+def transformers_logprobs(directory, tokens):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1]
+    return torch.log_softmax(logits / TEMPERATURE, -1)[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+
+
+def engine_case(directory, kwargs):
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=directory, skip_tokenizer_init=True, dtype="float32", max_model_len=128, enforce_eager=True, **kwargs
+    )
+    config = llm.llm_engine.vllm_config.model_config
+    params = SamplingParams(
+        temperature=TEMPERATURE, max_tokens=TOKENS, logprobs=0, seed=1, ignore_eos=True, detokenize=False
+    )
+    out = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0].outputs[0]
+    tokens = list(out.token_ids)
+    engine = [step[token].logprob for token, step in zip(tokens, out.logprobs)]
+    reference = transformers_logprobs(directory, tokens)
+    defaults = llm.generate([{"prompt_token_ids": PROMPT}] * 8, None, use_tqdm=False)
+    fields = getattr(getattr(llm.llm_engine, "input_processor", None), "generation_config_fields", None) or {}
+    return {
+        "generation_config": config.generation_config,
+        "logprobs_mode": str(config.logprobs_mode),
+        "eos_token_id": fields.get("eos_token_id"),
+        "distinct": len({tuple(o.outputs[0].token_ids) for o in defaults}),
+        "logprob_gap": max(abs(a - b) for a, b in zip(engine, reference)),
+    }
+
+
+def cli_case(directory, argv):
+    # As verl's server does: vLLM's own parser given an argument list (this process's sys.argv names no vLLM flag).
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", directory, *argv])
+    config = AsyncEngineArgs.from_cli_args(args).create_engine_config().model_config
+    return {"generation_config": config.generation_config, "logprobs_mode": str(config.logprobs_mode)}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from log_records import Records
+
+    records = Records()
+    logging.getLogger("nrl_shim").addHandler(records)
+    directory, cases = sys.argv[1], json.loads(sys.argv[2])
+    results = {}
+    for name, case in cases.items():
+        if "argv" in case:
+            results[name] = cli_case(directory, case["argv"])
+        else:
+            results[name] = engine_case(directory, case.get("kwargs", {}))
+        gc.collect()
+    strict = os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING")
+    print(json.dumps({"cases": results, "log": records.messages, "strict_tool_calling": strict}))
