@@ -47,7 +47,9 @@ def _setters():
 _DIRECT = _setters()
 # Derived from a quirk's fields by vLLM (CUDA-graph capture sizes, compilation level/mode...).
 _DERIVED_PREFIXES = _declared("EXPLAIN_DERIVED")
-V1_QUIRK = _declared("EXPLAIN_ENV")["VLLM_USE_V1"]
+# Environment variables a quirk sets, compared as vLLM was imported: {name: quirk id}.
+_ENV_SETTERS = _declared("EXPLAIN_ENV")
+V1_QUIRK = _ENV_SETTERS["VLLM_USE_V1"]
 
 
 def _positive_seconds(raw):
@@ -108,7 +110,7 @@ def _engine_args(args, parser):
 
 def _materialize(args, parser, tmp):
     """The model path to build, writing a tiny config for --demo / demo:KIND."""
-    from .tiny_configs import CONFIGS, write_config
+    from .tiny_configs import CONFIGS, DEMO_GENERATION_CONFIG, write_config
 
     if args.demo:
         kind = "gemma3_text"  # Gemma-3 1B's architecture; the multimodal one needs torchvision, which CPU builds lack
@@ -121,7 +123,7 @@ def _materialize(args, parser, tmp):
             )
     else:
         return args.model
-    return write_config(os.path.join(tmp, f"tiny-{kind}"), kind)
+    return write_config(os.path.join(tmp, f"tiny-{kind}"), kind, DEMO_GENERATION_CONFIG)
 
 
 def _side_env(shim_on, recipe, extra_disable=None):
@@ -166,10 +168,11 @@ def _cpu_v1_artifact(result):
 def compare(off, on):
     """[(field, before, after, quirk, note)] for every difference between the two configs."""
     rows = []
-    env_off = off.get("env", {}).get("VLLM_USE_V1", {}).get("at_import")
-    env_on = on.get("env", {}).get("VLLM_USE_V1", {}).get("at_import")
-    if env_off != env_on:
-        rows.append(("environment VLLM_USE_V1 (as vLLM was imported)", env_off, env_on, V1_QUIRK, ""))
+    for name, setter in _ENV_SETTERS.items():
+        env_off = off.get("env", {}).get(name, {}).get("at_import")
+        env_on = on.get("env", {}).get(name, {}).get("at_import")
+        if env_off != env_on:
+            rows.append((f"environment {name} (as vLLM was imported)", env_off, env_on, setter, ""))
     a, b = off.get("config", {}), on.get("config", {})
     changed_quirks = {c["quirk"] for c in on.get("changes", [])}
     for key in sorted(set(a) | set(b)):
@@ -287,7 +290,7 @@ def main(argv=None):
         recipe = args.recipe or (DEMO_RECIPE if args.demo else None)
         if args.demo or (args.model or "").startswith(DEMO_PREFIX):
             engine_args.setdefault("load_format", "dummy")
-        request = {"model": model, "engine_args": engine_args, "recipe": recipe}
+        request = {"model": model, "engine_args": engine_args, "recipe": recipe, "env_names": sorted(_ENV_SETTERS)}
         with ThreadPoolExecutor(2) as pool:  # the two sides are independent: build them at the same time
             futures = {
                 pool.submit(_build, request, _side_env(False, recipe), args.timeout): "without the shim",

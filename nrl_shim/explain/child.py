@@ -73,11 +73,14 @@ def main(argv=None):
     original_changed = report.changed
 
     def recording_changed(quirk_id, what, before, after, why):
-        changes.append({"quirk": quirk_id, "what": what, "before": _leaf(before), "after": _leaf(after), "why": why})
+        change = {"quirk": quirk_id, "what": what, "before": _leaf(before), "after": _leaf(after), "why": why}
+        if change not in changes:  # report.changed logs each once a process; so does the list
+            changes.append(change)
         return original_changed(quirk_id, what, before, after, why)
 
     report.changed = recording_changed
-    env_before = os.environ.get("VLLM_USE_V1")
+    names = request.get("env_names") or ["VLLM_USE_V1"]
+    env_before = {name: os.environ.get(name) for name in names}
     try:
         import logging
 
@@ -85,7 +88,7 @@ def main(argv=None):
 
         logging.getLogger("vllm").setLevel(logging.ERROR)
         platform = _vllm.use_cpu_platform_if_no_device()
-        env_at_import = os.environ.get("VLLM_USE_V1")
+        env_at_import = {name: os.environ.get(name) for name in names}
         from vllm.engine.arg_utils import EngineArgs
 
         engine_args = EngineArgs(model=request["model"], **request.get("engine_args", {}))
@@ -98,13 +101,20 @@ def main(argv=None):
             "shim_error": isinstance(exc, nrl_shim.ShimError),
         }
         platform = locals().get("platform")
-        env_at_import = locals().get("env_at_import")
+        env_at_import = locals().get("env_at_import") or {}
     result.update(
         shim_active=nrl_shim.is_active(),
         changes=changes,
         platform=platform,
         vllm=_vllm_version(),
-        env={"VLLM_USE_V1": {"before": env_before, "after": os.environ.get("VLLM_USE_V1"), "at_import": env_at_import}},
+        env={
+            name: {
+                "before": env_before[name],
+                "after": os.environ.get(name),
+                "at_import": (env_at_import or {}).get(name),
+            }
+            for name in names
+        },
     )
     sys.stdout.write("\n" + json.dumps(result, default=str) + "\n")
     return 0

@@ -82,9 +82,19 @@ CONFIGS = {
 }
 
 
-def write_config(directory, kind):
-    """Write CONFIGS[kind] as directory/config.json; return the directory (a str)."""
+# The sampling values a released checkpoint ships in its generation_config.json (Qwen2.5-VL-7B-Instruct's, cited in
+# NVIDIA-NeMo/RL#3497): the demo's checkpoints carry them, so that `explain --demo` shows what vLLM would fill into
+# requests from them, and vllm-rollout-sampling keeping them out.
+DEMO_GENERATION_CONFIG = {"do_sample": True, "temperature": 0.1, "top_k": 1, "top_p": 0.001}
+
+
+def write_config(directory, kind, generation_config=None):
+    """Write CONFIGS[kind] as directory/config.json (and `generation_config` as generation_config.json); return the
+    directory (a str)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(CONFIGS[kind], f, indent=1)
+    if generation_config is not None:
+        with open(os.path.join(directory, "generation_config.json"), "w") as f:
+            json.dump(generation_config, f, indent=1)
     return str(directory)

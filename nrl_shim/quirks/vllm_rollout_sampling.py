@@ -48,6 +48,8 @@ VERSIONS = VLLM
 # command line a server was started with (vllm serve's, verl's own argument list) can still be read.
 TARGETS = ("vllm.engine.arg_utils", "vllm.envs", "vllm.utils.argparse_utils", "vllm.utils")
 MODES = ("rl", "serving")
+EXPLAIN_FIELDS = ("model_config.generation_config", "model_config.logprobs_mode")  # for `nrl-shim explain`
+EXPLAIN_ENV = (STRICT_TOOLS := "VLLM_ENFORCE_STRICT_TOOL_CALLING",)
 SETTINGS = (
     Variable(
         "NRL_SHIM_SAMPLING_DEFAULTS",
@@ -71,7 +73,6 @@ SAMPLING_FIELDS = (
     "min_p",
     "max_new_tokens",
 )  # what vLLM's get_diff_sampling_param takes from a generation config
-STRICT_TOOLS = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
 _EXPLICIT = "_nrl_shim_explicit"  # on an EngineArgs instance: the field names its caller gave
 _FLAGS = {"generation_config": "--generation-config", "logprobs_mode": "--logprobs-mode"}
 
@@ -133,9 +134,18 @@ def idle(settings, version):
 
 
 def describe(settings, version):
+    import os
+
+    strict = os.environ.get(STRICT_TOOLS)
+    tools = (
+        f"{STRICT_TOOLS}={strict!r} set here: kept"
+        if strict is not None
+        else f"{STRICT_TOOLS} -> 0 (releases with it: 0.22+, true by default from 0.25)"
+    )
     return (
-        "where left at vLLM's defaults: generation_config 'auto' -> 'vllm' when the checkpoint has sampling values, "
-        "logprobs_mode -> processed_logprobs, VLLM_ENFORCE_STRICT_TOOL_CALLING -> 0"
+        "where the caller left vLLM's defaults: generation_config 'auto' -> 'vllm' when the checkpoint's "
+        "generation_config.json has sampling values (its eos ids still apply), logprobs_mode -> processed_logprobs "
+        f"(releases with it: 0.10.1+), {tools}; explicit choices kept"
     )
 
 
@@ -163,9 +173,13 @@ def _parse_args_wrapper(wrapped, instance, args, kwargs):
     namespace = wrapped(*args, **kwargs)
     argv = args[0] if args else kwargs.get("args")
     argv = sys.argv[1:] if argv is None else argv
+    key = id(namespace)
+
+    def forget(_reference: object) -> None:
+        _PARSED_FROM.pop(key, None)
+
     try:
-        key = id(namespace)
-        _PARSED_FROM[key] = (weakref.ref(namespace, lambda _, key=key: _PARSED_FROM.pop(key, None)), tuple(argv))
+        _PARSED_FROM[key] = (weakref.ref(namespace, forget), tuple(argv))
     except TypeError:  # not a weak-referenceable Namespace: from_cli_args falls back to sys.argv
         pass
     return namespace
