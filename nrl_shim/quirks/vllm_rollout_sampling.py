@@ -37,7 +37,7 @@ from . import VLLM
 ID = "vllm-rollout-sampling"
 SUMMARY = (
     "RL rollouts sample as the trainer assumes: no checkpoint generation_config sampling defaults, logprobs after "
-    "temperature (processed_logprobs), tool calls not grammar-constrained; explicit choices kept"
+    "temperature (processed_logprobs), tool_choice='auto' without xgrammar structural tags; explicit choices kept"
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/3497"
 LIBRARY = "vllm"
