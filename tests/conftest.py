@@ -19,9 +19,14 @@ pytest_plugins = ["nrl_shim.testing"]  # the quirk contract (QuirkContract), as 
 SOURCE_ROOT = str(Path(nrl_shim.__file__).resolve().parent.parent)
 
 
+# Variables the shim sets in a process where it is active (this one, when a test activates it here): a child must
+# not inherit them from the test process, or it would start with the shim's choice already made.
+_SHIM_SET = ("VLLM_USE_V1", "VLLM_ENFORCE_STRICT_TOOL_CALLING")
+
+
 def child_env(extra=None, clear_nrl=True):
-    """os.environ without any NRL_*/VLLM_USE_V1 leftovers, plus `extra`, with PYTHONPATH pointing at this checkout."""
-    env = {k: v for k, v in os.environ.items() if not (clear_nrl and (k.startswith("NRL_") or k == "VLLM_USE_V1"))}
+    """os.environ without any NRL_* leftovers or variables the shim sets (_SHIM_SET), plus `extra`, with PYTHONPATH pointing at this checkout."""
+    env = {k: v for k, v in os.environ.items() if not (clear_nrl and (k.startswith("NRL_") or k in _SHIM_SET))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SOURCE_ROOT, env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env

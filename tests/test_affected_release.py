@@ -197,10 +197,11 @@ def test_sqrt_hidden_is_what_transformers_uses():
 
 
 def test_main_job_without_the_shim_mismatches_and_names_the_normalizer(tmp_path):
-    """README's main job on the V0 engine (float32): the refit before every rollout cannot fix the engine."""
+    """The Gemma example (examples/grpo_gemma.py) on the V0 engine (float32): the refit before every rollout cannot fix
+    the engine."""
     from vllm_helpers import run_main_job
 
-    proc, errors = run_main_job(tmp_path, False, "--dtype", "float32")
+    proc, errors = run_main_job(tmp_path, False, "--dtype", "float32", example="grpo_gemma.py")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-4000:]
     assert "affected by the Gemma dummy-weights bug" in proc.stdout
     assert "VERDICT: MISMATCH — step 0 token_mult_prob_error" in proc.stdout
@@ -209,10 +210,10 @@ def test_main_job_without_the_shim_mismatches_and_names_the_normalizer(tmp_path)
 
 
 def test_main_job_under_the_shim_matches_at_every_step(tmp_path):
-    """README's main job on the V1 engine (bfloat16) under `nrl-shim run`: real weights from the start."""
+    """The Gemma example on the V1 engine (bfloat16) under `nrl-shim run`: real weights from the start."""
     from vllm_helpers import run_main_job
 
-    proc, errors = run_main_job(tmp_path, True, "--dtype", "bfloat16")
+    proc, errors = run_main_job(tmp_path, True, "--dtype", "bfloat16", example="grpo_gemma.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     assert "(V1 engine): affected by the Gemma dummy-weights bug" in proc.stdout
     assert "Gemma load-format fix applied (load_format dummy -> auto)" in proc.stdout

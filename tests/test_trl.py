@@ -135,7 +135,11 @@ def test_a_moe_policy_trains_and_the_engine_follows_it_under_the_shim(moe_under_
     proc, output, result = moe_under_the_shim
     assert proc.returncode == 0 and result, tail(output)
     assert result["global_step"] == 2
-    assert result["gap_to_policy"] < BF16_GAP, result  # measured 0.10
+    # bfloat16 on both sides: the typical token is within rounding (median measured 0.04 on a CPU with AMX, whose bf16
+    # grouped-GEMM experts differ most from transformers'); a near-tie can flip the routing or the token at one
+    # position (max measured 1.59 there, 0.10 without AMX), while a scrambled engine is off by > 10 everywhere.
+    gaps = sorted(gap for row in result["gaps_to_policy"] for gap in row)
+    assert gaps[len(gaps) // 2] < BF16_GAP / 3 and result["gap_to_policy"] < MOVED, result["gaps_to_policy"]
     assert result["gap_to_initial"] > MOVED and result["stale_gap_to_policy"] > MOVED, result
     assert output.count("[vllm-layerwise-refit] refit of Qwen3MoeForCausalLM") == 1, tail(output)
     assert output.count("[vllm-layerwise-refit] vLLM CPU build: fused-MoE experts on a weight update") == 1

