@@ -231,6 +231,7 @@ def quiet_libraries(verbose):
         return
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Writing model shards" bar
     warnings.filterwarnings("ignore")
 
 
@@ -286,16 +287,17 @@ def main():
             import vllm
             from vllm import LLM
 
-        llm = LLM(
-            model=directory,
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            dtype="float32",
-            max_model_len=256,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
-        )
+        with native_stderr_kept_back(args.verbose):  # also the CPU build's NUMA binding notice at engine start
+            llm = LLM(
+                model=directory,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype="float32",
+                max_model_len=256,
+                enforce_eager=True,
+                enable_prefix_caching=True,
+                gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
+            )
         say(
             f"vLLM {vllm.__version__}; GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
             f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}, a refit before each rollout"
