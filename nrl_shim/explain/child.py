@@ -111,7 +111,7 @@ def main(argv=None):
             name: {
                 "before": env_before[name],
                 "after": os.environ.get(name),
-                "at_import": (env_at_import or {}).get(name),
+                "at_import": env_at_import.get(name),
             }
             for name in names
         },
