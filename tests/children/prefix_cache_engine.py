@@ -127,6 +127,60 @@ async def async_case(case):
         engine.shutdown()
 
 
+async def load_case(case):
+    """Async RL's load: one long request runs through every refit (streaming), refits alternate the two policies, and
+    after each a GRPO group of 8 shares one prompt. After the first refit two echo requests: the long request's own
+    prompt (its blocks were computed before the refit), then that prompt plus its first tokens (a block the long
+    request filled after the refit: its new tokens attend to old-weights KV)."""
+    from prefix_cache_refit import refit_worker
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    engine = AsyncLLM.from_engine_args(args)
+    try:
+
+        async def generate(request_id, prompt, max_tokens):
+            final = None
+            async for output in engine.generate({"prompt_token_ids": prompt}, params(max_tokens), request_id):
+                final = output
+            return final
+
+        long_prompt, progress = case["long_prompt"], {"tokens": []}
+
+        async def long_request():
+            final = None
+            async for output in engine.generate({"prompt_token_ids": long_prompt}, params(case["long_tokens"]), "long"):
+                final, progress["tokens"] = output, list(output.outputs[0].token_ids)
+            return final
+
+        async def until_generated(count):
+            while len(progress["tokens"]) < count and not running.done():
+                await asyncio.sleep(0.01)
+
+        await engine.collective_rpc(refit_worker, args=(case["model_a"],))
+        first = rollout(await generate("first", case["prompt"], case["max_tokens"]))
+        running = asyncio.ensure_future(long_request())
+        await until_generated(4)
+        groups, echoes = [], {}
+        for step, policy in enumerate(case["policies"]):
+            await engine.collective_rpc(refit_worker, args=(case["model_" + policy],))
+            at_refit = {"long_running": not running.done(), "long_generated": len(progress["tokens"])}
+            members = await asyncio.gather(
+                *(generate(f"group{step}-{i}", case["prompt"], case["max_tokens"]) for i in range(case["group"]))
+            )
+            groups.append({"policy": policy, **at_refit, "members": [rollout(m) for m in members]})
+            if step == 0:
+                echoes["prompt"] = rollout(await generate("echo-prompt", long_prompt, case["max_tokens"]))
+                await until_generated(case["echo_tokens"])
+                echoes["extended_prompt"] = long_prompt + progress["tokens"][: case["echo_tokens"]]
+                echoes["extended"] = rollout(await generate("echo-extended", echoes["extended_prompt"], case["max_tokens"]))
+        final = await running
+        return {"first": first, "groups": groups, "echoes": echoes, "long": len(final.outputs[0].token_ids)}
+    finally:
+        engine.shutdown()
+
+
 if __name__ == "__main__":
     from log_records import Records  # next to this file (the script's directory is on sys.path)
 
@@ -137,7 +191,10 @@ if __name__ == "__main__":
         cases = json.load(f)
     for case in cases:  # a list: in-process engines one after another (same environment)
         start = len(records.messages)
-        result = asyncio.run(async_case(case)) if case["mode"] == "async" else sync_case(case)
+        if case["mode"] == "load":
+            result = asyncio.run(load_case(case))
+        else:
+            result = asyncio.run(async_case(case)) if case["mode"] == "async" else sync_case(case)
         results.append({"result": result, "log": records.messages[start:]})
         gc.collect()
     print(json.dumps({"cases": results}))
