@@ -163,7 +163,9 @@ class _EngineState:
         self.resets = 0
         self.kinds_logged = set()  # "reset", "drop": each logged at INFO once
         self.encoder_pending = False  # the encoder cache waits for a step with nothing running
-        self.core = None  # weakref to the engine core, once one called collective_rpc (its encoder reset reaches the workers)
+        self.core = (
+            None  # weakref to the engine core, once one called collective_rpc (its encoder reset reaches the workers)
+        )
 
     def absorb_local(self):
         if _LOCAL["refits"] != self.local_seen:

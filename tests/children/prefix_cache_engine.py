@@ -174,7 +174,9 @@ async def load_case(case):
                 echoes["prompt"] = rollout(await generate("echo-prompt", long_prompt, case["max_tokens"]))
                 await until_generated(case["echo_tokens"])
                 echoes["extended_prompt"] = long_prompt + progress["tokens"][: case["echo_tokens"]]
-                echoes["extended"] = rollout(await generate("echo-extended", echoes["extended_prompt"], case["max_tokens"]))
+                echoes["extended"] = rollout(
+                    await generate("echo-extended", echoes["extended_prompt"], case["max_tokens"])
+                )
         final = await running
         return {"first": first, "groups": groups, "echoes": echoes, "long": len(final.outputs[0].token_ids)}
     finally:
