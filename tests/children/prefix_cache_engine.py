@@ -59,7 +59,7 @@ def sync_case(case):
 
     if case["mode"] == "inproc":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = LLM(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    llm = LLM(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW, **case.get("engine", {}))
     if case["mode"] == "inproc":  # TRL's colocate refit: the model object, no RPC
         model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
 
@@ -85,7 +85,8 @@ async def async_case(case):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    engine_kw = {**ENGINE_KW, **case.get("engine", {})}
+    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw)
     engine = AsyncLLM.from_engine_args(args)
     try:
 
@@ -136,7 +137,8 @@ async def load_case(case):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW)
+    engine_kw = {**ENGINE_KW, **case.get("engine", {})}
+    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw)
     engine = AsyncLLM.from_engine_args(args)
     try:
 
