@@ -69,6 +69,8 @@ def activate(settings: "Settings | None" = None, how: str = "nrl_shim.activate()
         if not _State.active:
             announce = True
             settings = settings or registry.load_settings()
+            if settings.strict:
+                _stop_if_any_fix_out_of_range(settings)
             if os.environ.get("NRL_SHIM") != "1":
                 os.environ["NRL_SHIM"] = "1"  # children (spawn, subprocess, Ray workers) inherit it and activate too
                 _State.exported_nrl_shim = True
@@ -313,6 +315,27 @@ def _setup(quirk: "Quirk", settings: "Settings") -> None:
         if isinstance(exc, ShimError):
             raise
         _skip(quirk, f"its setup() failed: {type(exc).__name__}: {exc}")
+
+
+def _stop_if_any_fix_out_of_range(settings: "Settings") -> None:
+    """Strict mode: a fix its installed library's version would skip stops the job here, at activation, with one line,
+    in the first process that activates (its children have the same install). Left to the target's import, it would
+    end whichever process imports it first: inside vLLM's model-registry subprocess on 0.9.1, behind vLLM's own errors."""
+    from .errors import QuirkSkippedError
+
+    out = []
+    for quirk in registry.quirks():
+        if settings.is_enabled(quirk.id):
+            applies, installed, reason = quirk.gate()
+            if not applies and installed is not None:  # not installed at all: nothing to fix, never an error
+                out.append((quirk.id, reason))
+    if out:
+        skipped = "; ".join(f"[{quirk_id}] {reason}" for quirk_id, reason in out)
+        ids = ",".join(quirk_id for quirk_id, _ in out)
+        raise QuirkSkippedError(
+            f"fixes would be skipped for their version: {skipped} (NRL_SHIM_STRICT=1; to go on without them set "
+            f"NRL_SHIM_DISABLE={ids})"
+        )
 
 
 def _skip(quirk: "Quirk", reason: str) -> None:

@@ -12,12 +12,13 @@ transformers (float32) is the reference: its greedy tokens, and its logprob of e
 without the shim must fail if the bug does not reproduce: the others would then prove nothing.
 """
 
+import json
 import math
 
 import pytest
 from packaging.version import Version
 
-from conftest import child_path, run_case
+from conftest import child_path, run_case, run_child
 from vllm_helpers import INSTALLED_VLLM, reported_names
 
 AFFECTED_BUILD = (
@@ -136,14 +137,30 @@ def test_gemma_fix_off_the_refit_guard_names_the_normalizer_and_nothing_else(mod
     assert reported_names(warning) == ["model.normalizer"]
 
 
+def test_strict_mode_stops_the_job_once_at_start_for_fixes_out_of_range(models, tmp_path):
+    """Fixes whose range starts after 0.9.1: with NRL_SHIM_STRICT=1 the job's first process stops at activation with
+    the shim's one line, before vLLM starts (it used to end inside vLLM's model-registry subprocess, under vLLM's
+    "Error in inspecting model architecture" and a pydantic error)."""
+    env = {"NRL_SHIM": "1", "NRL_SHIM_STRICT": "1"}
+    spec = {"model": models["V1"], "dtype": "bfloat16", "prompts": PROMPTS, "max_tokens": MAX_TOKENS}
+    path = tmp_path / "strict.json"
+    path.write_text(json.dumps(spec))
+    proc = run_child("affected_engine", str(path), env=env, check=False, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("nrl-shim: error:")]
+    assert len(errors) == 1 and "fixes would be skipped for their version: [vllm-radio-layerscale]" in errors[0]
+    assert "NRL_SHIM_STRICT=1; to go on without them set NRL_SHIM_DISABLE=vllm-radio-layerscale" in errors[0]
+    assert "Traceback" not in proc.stderr and "inspecting model architecture" not in proc.stderr
+
+
 def test_strict_mode_fails_the_generation_with_refit_incomplete(models, tmp_path):
-    # Strict mode also turns the prefix-cache fix's out-of-range skip into an error (at the first scheduler import):
-    # disabled here, as a strict user on this release would, to see the refit guard's error.
+    # Strict mode stops at start for the fixes out of range on this release (test above): disabled here, as a strict
+    # user on this release would, to see the refit guard's error.
     env = {
         "NRL_SHIM": "1",
         "NRL_SHIM_GEMMA_LOAD_FORMAT": "off",
         "NRL_SHIM_STRICT": "1",
-        "NRL_SHIM_DISABLE": "vllm-prefix-cache-refit",
+        "NRL_SHIM_DISABLE": "vllm-prefix-cache-refit,vllm-radio-layerscale",
     }
     out, _ = run_engine(tmp_path, models["V1"], "V1", env, load_format="dummy")
     assert "tokens" not in out
