@@ -59,7 +59,9 @@ def sync_case(case):
 
     if case["mode"] == "inproc":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = LLM(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW, **case.get("engine", {}))
+    llm = LLM(
+        model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW, **case.get("engine", {})
+    )
     if case["mode"] == "inproc":  # TRL's colocate refit: the model object, no RPC
         model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
 
