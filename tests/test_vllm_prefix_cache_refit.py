@@ -26,7 +26,10 @@ def reference(directory, prompt=PROMPT):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    except TypeError:  # transformers < 4.56 (0.9.1's venv) names it torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
     ids, logprobs = list(prompt), []
     with torch.no_grad():
         for _ in range(MAX_TOKENS):

