@@ -1,4 +1,5 @@
-"""nrl-shim command line: `doctor` (what applies here and why), `run -- CMD` (launcher), `explain` (vLLM demo).
+"""nrl-shim command line: `doctor` (what applies here and why), `run -- CMD` (launcher; prints the job report at the
+end), `report [DIR] [--json]` (what each fix did in every process of a job), `explain` (vLLM demo).
 
 Exit status: 0 success; 1 doctor found the shim unusable here (invalid settings, env activation broken); 2 bad command
 line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (version out of range);
@@ -164,23 +165,96 @@ def _print_doctor(report, strict=False):
 
 
 def run(command):
-    """Validate the settings, then exec `command` with NRL_SHIM=1 so it and every child process activate."""
+    """Validate the settings, run `command` with NRL_SHIM=1 (it and every child process activate) and a job report
+    directory, then print what each fix did across the job's processes. Exits with the command's own status."""
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
         print("nrl-shim run: give the command to run, e.g. `nrl-shim run -- python train.py`", file=sys.stderr)
         return 2
     try:
-        registry.load_settings()
+        settings = registry.load_settings()
     except ShimError as err:
         print(f"nrl-shim: error: {err}", file=sys.stderr)
         return 2
     os.environ["NRL_SHIM"] = "1"
+    directory = _job_directory(settings.report_dir)
+    if directory is None:  # no report: nothing to do after the command, so it replaces this process
+        try:
+            os.execvp(command[0], command)
+        except OSError as err:
+            print(f"nrl-shim run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
+            return 127
+    os.environ["NRL_SHIM_REPORT_DIR"] = directory
+    os.environ["NRL_SHIM_RUN_PID"] = str(os.getpid())  # the command's processes know they are the driver
     try:
-        os.execvp(command[0], command)  # replaces this process, so the exit code is the command's own
+        child = subprocess.Popen(command)
     except OSError as err:
         print(f"nrl-shim run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 127
+    import signal
+
+    def forward(signum, frame):  # Ctrl-C, a scheduler's TERM: the command decides, as if run directly
+        child.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = child.wait()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    try:
+        _print_report(directory, sys.stderr)
+    except Exception as err:  # the report never changes the job's outcome
+        print(f"nrl-shim run: the job report could not be read ({type(err).__name__}: {err})", file=sys.stderr)
+    return code if code >= 0 else 128 - code
+
+
+def _job_directory(setting):
+    """Where this job's processes record (None: no report). The user's NRL_SHIM_REPORT_DIR wins; else a new one."""
+    if setting == "off":
+        return None
+    from . import job_report
+
+    try:
+        if setting:
+            os.makedirs(setting, exist_ok=True)
+            return setting
+        return job_report.new_job_directory()
+    except OSError as err:
+        where = setting or job_report.jobs_root()
+        print(
+            f"nrl-shim run: warning: no job report ({where}: {err.strerror}); set NRL_SHIM_REPORT_DIR to a writable "
+            "directory, or to off",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _say(message):
+    print(f"nrl-shim: {message}", file=sys.stderr, flush=True)
+
+
+def _print_report(directory, stream, as_json=False):
+    from . import job_report
+
+    processes, problems = job_report.gather(directory, say=_say)
+    if as_json:
+        print(json.dumps(job_report.as_json(directory, processes, problems), indent=1), file=stream)
+    else:
+        print(job_report.table(directory, processes, problems), file=stream)
+
+
+def report(directory=None, as_json=False):
+    """`nrl-shim report [DIR] [--json]`: the job report of DIR (default: the newest `nrl-shim run` job)."""
+    from . import job_report
+
+    directory = directory or job_report.directory_from_env() or job_report.latest_job_directory()
+    if directory is None or not os.path.isdir(directory):
+        where = directory or job_report.jobs_root()
+        print(f"nrl-shim report: no job report at {where}; run a job with `nrl-shim run -- ...`", file=sys.stderr)
+        return 1
+    _print_report(directory, sys.stdout, as_json=as_json)
+    return 0
 
 
 def main(argv=None):
@@ -192,11 +266,20 @@ def main(argv=None):
     doc = sub.add_parser("doctor", help="versions, effective settings, which fixes apply here and why")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     doc.add_argument("--strict", action="store_true", help="exit 3 when a fix would be skipped for its version")
-    sub.add_parser("run", help="run a command with the shim active in it and all its children: run -- CMD ...")
+    sub.add_parser(
+        "run", help="run a command with the shim active in it and all its children, then report: run -- CMD ..."
+    )
+    rep = sub.add_parser("report", help="what each fix did in every process of a job (default: the newest run)")
+    rep.add_argument("directory", nargs="?", help="a job's report directory (NRL_SHIM_REPORT_DIR)")
+    rep.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("explain", help="show what the shim changes in a real vLLM engine config", add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "run":
         return run(rest)
+    if args.command == "report":
+        if rest:
+            rep.error(f"unrecognized arguments: {' '.join(rest)}")
+        return report(args.directory, as_json=args.json)
     if args.command == "explain":
         from .explain import main as explain_main
 

@@ -39,6 +39,10 @@ def logger() -> logging.Logger:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("nrl_shim %(levelname)s: %(message)s"))
         _LOGGER.addHandler(handler)
+        # The job report (NRL_SHIM_REPORT_DIR): the same records, kept per process; inert while the variable is unset.
+        from .job_report import recorder
+
+        _LOGGER.addHandler(recorder())
         _LOGGER.propagate = False
         setattr(_LOGGER, "_nrl_shim_configured", True)  # noqa: B010  (an attribute Logger does not declare)
     return _LOGGER

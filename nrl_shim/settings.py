@@ -63,6 +63,16 @@ def parse_words(name: str, raw: str) -> tuple:
     return tuple(parse_word(name, item) for item in raw.split(",") if item.strip())
 
 
+def parse_directory(name: str, raw: str) -> str:
+    # Every process of a job reads it, each from its own working directory: only an absolute path means one place.
+    value = raw.strip()
+    if value.lower() == "off":
+        return "off"
+    if not os.path.isabs(value) or not value.isprintable():
+        _fail(name, raw, "an absolute directory path, or off")
+    return value
+
+
 class choice:  # lower case: used like the parse_* functions (`choice("always", "off")` is the parser)
     """Parser for one of `choices` (case-insensitive). A class rather than a closure: equal declarations compare equal
     and it has a repr that is its own source, so the quirk index can be generated from it and checked against it."""
@@ -148,6 +158,15 @@ CORE_VARIABLES = (
         20,
         "`DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`",
         "level of the `nrl_shim` logger",
+    ),
+    Variable(
+        "NRL_SHIM_REPORT_DIR",
+        "report_dir",
+        parse_directory,
+        None,
+        "an absolute directory, or `off`",
+        "every process of the job records there what each fix did (`nrl-shim report`); `nrl-shim run` sets a new "
+        "one per job unless you set it; unset or `off` otherwise: no records",
     ),
 )
 

@@ -269,6 +269,9 @@ def init_wrapper(wrapped, instance, args, kwargs, current):
     count = len(listed) - listed.index(_Job.staged_dir) if shipped else 0  # ours and the plugins', last in the list
     result = wrapped(*args, **kwargs)
     _Job.shim_uris = _uploaded_uris(count) if shipped else []
+    from ..job_report import note_ray_driver
+
+    note_ray_driver()  # the job report can reach this cluster's other nodes
     return result
 
 
