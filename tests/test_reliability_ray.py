@@ -75,23 +75,24 @@ def gemma(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("models") / "gemma", "gemma3_text")
 
 
-def run_driver(tmp_path, case):
+def run_driver(tmp_path, case, env=None):
     path = tmp_path / "case.json"
     path.write_text(json.dumps({**case, "tmp": str(tmp_path)}))
     # The checkout's nrl_shim drives (PYTHONPATH); Ray gives workers only the script's directory and the cwd, so
     # they can reach the shim only through what the driver ships. cwd outside the repository.
     proc = subprocess.run(
         [CLI, "run", "--", sys.executable, child_path("reliability_ray_driver"), str(path)],
-        env=child_env({"RAY_AUTH_MODE": "disabled"}),
+        env=child_env({"RAY_AUTH_MODE": "disabled", **(env or {})}),
         capture_output=True,
         text=True,
         timeout=1200,
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The last JSON line: vLLM may print its shutdown after it.
+    out = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
     print(json.dumps(out, indent=1)[:4000])  # shown with -s: the figures for the README
-    return out
+    return (out, proc) if env is not None else out
 
 
 GEMMA_FIX = "[vllm-gemma-load-format] vllm load_format for gemma3_text model"
@@ -141,3 +142,55 @@ def test_actor_on_a_second_node_runs_the_shim(cluster, gemma, tmp_path):
     assert state["shim_file"].startswith(node.temp_dir) and "runtime_resources" in state["shim_file"], state
     assert out["engine"]["load_format"] == "auto", out["engine"]
     assert any(GEMMA_FIX in line for line in out["engine"]["log"]), out["engine"]
+
+
+def test_job_report_gathers_every_process_and_the_second_node(cluster, tmp_path):
+    """`nrl-shim run` prints what each fix did across the job, and `nrl-shim report --json` reads it: the prefix-cache
+    reset of the actor on the second node (records kept on that node, in a directory the head never sees: read
+    through a Ray task there) and of the driver engine's own engine-core process; nothing for a process with the shim
+    off."""
+    from tiny_models import write_model
+
+    head, _ = cluster
+    checkpoints = [
+        write_model(tmp_path / n, "llama", seed=s, overrides={"max_position_embeddings": 512})
+        for n, s in (("a", 0), ("b", 1))
+    ]
+    node_dir = str(tmp_path / "node2-records")
+    state = tmp_path / "state"  # XDG_STATE_HOME: `nrl-shim run` makes the job's directory under it
+    case = {
+        "scenario": "job_report",
+        "address": head.address,
+        "worker_python": WORKER_PYTHON,
+        "node_resource": NODE_RESOURCE,
+        "checkpoints": checkpoints,
+        "node_dir": node_dir,
+    }
+    out, proc = run_driver(tmp_path, case, env={"XDG_STATE_HOME": str(state)})
+    assert out["on_node"]["cached"] == [0, 0] and out["driver_cached"] == [0, 0], out  # the resets happened
+    (job_dir,) = [str(p) for p in (state / "nrl-shim" / "jobs").iterdir()]
+    table = proc.stderr[proc.stderr.index("nrl-shim report: ") :]
+    line = next(line for line in table.splitlines() if line.startswith("  [vllm-prefix-cache-refit] changed in"))
+    node2 = out["on_node"]["node_id"]
+    assert "ray actor@" in line and f"node {node2[:6]} (pid {out['on_node']['pid']})" in line, table
+    assert "engine core@" in line, table
+
+    report = subprocess.run(
+        [CLI, "report", "--json", job_dir],
+        env=child_env({"RAY_AUTH_MODE": "disabled"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    processes = {p["pid"]: p for p in json.loads(report.stdout)["processes"]}
+    actor = processes[out["on_node"]["pid"]]
+    assert actor["role"] == "ray actor" and actor["ray_node"] == node2 and actor["python"] == WORKER_PYTHON, actor
+    assert actor["source"] == f"ray node {node2[:8]}" and actor["file"] not in os.listdir(job_dir), actor
+    resets = [r for r in actor["records"] if r["quirk"] == "vllm-prefix-cache-refit" and r["kind"] == "changed"]
+    assert resets and "reset before the next step" in resets[0]["message"], actor["records"]
+    (core,) = [p for p in processes.values() if p["role"] == "engine core" and p["ppid"] == out["driver_pid"]]
+    assert any(r["quirk"] == "vllm-prefix-cache-refit" and r["kind"] == "changed" for r in core["records"]), core
+    assert processes[out["driver_pid"]]["role"] == "driver"
+    assert out["children"]["shim_on"] in processes and out["children"]["shim_off"] not in processes

@@ -8,6 +8,10 @@ Scenarios (CASE["scenario"]):
                  driver records Ray's error, then the restarted actor's state (new process, shim, Gemma fix, log).
   second_node    an actor (its own venv) placed by a custom resource on the cluster's second node; reports where it
                  runs, whether the shim is active there, and the engine config vLLM builds there for the same Gemma.
+  job_report     what `nrl-shim report` gathers: an actor on the second node (its own venv, its records in a directory
+                 of that node's own, CASE["node_dir"]) refits an in-process engine between two rollouts of a shared
+                 prompt; the driver's own engine (its engine core a process of its own) does the same through
+                 collective_rpc; two children import vLLM, one with the shim off (NRL_SHIM=0). Prints their pids.
 """
 
 import json
@@ -151,10 +155,84 @@ def second_node(case):
     }
 
 
+PROMPT = [(i * 37) % 500 + 3 for i in range(300)]  # longer than two KV blocks: a prefix the cache keeps
+
+
+def _refit(model, path):
+    from safetensors.torch import load_file
+
+    model.load_weights(list(load_file(os.path.join(path, "model.safetensors")).items()))
+
+
+def _two_rollouts(llm, refit, checkpoints):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, detokenize=False)
+    cached = []
+    for path in checkpoints:
+        refit(path)
+        cached.append(llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0].num_cached_tokens)
+    return cached
+
+
+LLAMA_KW = dict(ENGINE_KW, max_model_len=512, enable_prefix_caching=True)
+
+
+@ray.remote
+class RefitActor:
+    def run(self, checkpoints):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this actor
+        from vllm import LLM
+
+        llm = LLM(model=checkpoints[0], load_format="dummy", **LLAMA_KW)
+        model = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model
+        cached = _two_rollouts(llm, lambda path: _refit(model, path), checkpoints)
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "cached": cached}
+
+
+def job_report(case):
+    import subprocess
+
+    nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+    runtime_env = {"py_executable": case["worker_python"], "env_vars": {"NRL_SHIM_REPORT_DIR": case["node_dir"]}}
+    actor = RefitActor.options(runtime_env=runtime_env, resources={case["node_resource"]: 1}, num_cpus=0).remote()
+    on_node = ray.get(actor.run.remote(case["checkpoints"]), timeout=900)
+    ray.kill(actor)
+    # The driver's engine: its engine core and worker in processes of their own; the refit through collective_rpc,
+    # with a function the worker imports (tests/prefix_cache_refit.py).
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    sys.path.insert(0, tests)
+    from prefix_cache_refit import refit_worker
+    from vllm import LLM
+
+    engine = LLM(model=case["checkpoints"][0], load_format="dummy", **LLAMA_KW)
+    cached = _two_rollouts(engine, lambda path: engine.collective_rpc(refit_worker, args=(path,)), case["checkpoints"])
+    children = {}
+    for name, shim in (("shim_on", "1"), ("shim_off", "0")):
+        # Engine arguments as a framework builds them: the rollout-sampling fix logs its change where it is active.
+        code = "import os, sys; from vllm.engine.arg_utils import EngineArgs; EngineArgs(model=sys.argv[1]); print(os.getpid())"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, case["checkpoints"][0]],
+            env=dict(os.environ, NRL_SHIM=shim),
+            capture_output=True,
+            text=True,
+        )
+        children[name] = int(proc.stdout.split()[-1])
+    return {
+        "nodes": len(nodes),
+        "driver_pid": os.getpid(),
+        "driver_cached": cached,
+        "on_node": on_node,
+        "children": children,
+    }
+
+
 def main():
     case = json.loads(open(sys.argv[1]).read())
     ray.init(address=case["address"], log_to_driver=False)
-    out = {"actor_restart": actor_restart, "second_node": second_node}[case["scenario"]](case)
+    out = {"actor_restart": actor_restart, "second_node": second_node, "job_report": job_report}[case["scenario"]](case)
     ray.shutdown()
     print(json.dumps(out))
 
