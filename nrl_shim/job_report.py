@@ -28,6 +28,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from typing import TextIO
 
 VARIABLE = "NRL_SHIM_REPORT_DIR"
 KV_NAMESPACE = "nrl_shim_report"
@@ -97,7 +98,7 @@ class Recorder(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
         self._pid: int | None = None
-        self._file = None
+        self._file: TextIO | None = None
         self._failed = False
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -133,6 +134,7 @@ class Recorder(logging.Handler):
             self._fail(error)
 
     def _write(self, line: dict) -> None:
+        assert self._file is not None
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 
@@ -208,7 +210,7 @@ def read_directory(directory: str, skip: Iterable[str] = ()) -> dict[str, str]:
     other nodes."""
     import os as _os
 
-    found = {}
+    found: dict[str, str] = {}
     try:
         names = sorted(_os.listdir(directory))
     except OSError:

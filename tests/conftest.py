@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,13 @@ def child_env(extra=None, clear_nrl=True):
     """os.environ without any NRL_* leftovers or variables the shim sets (_SHIM_SET), plus `extra`, with PYTHONPATH pointing at this checkout."""
     env = {k: v for k, v in os.environ.items() if not (clear_nrl and (k.startswith("NRL_") or k in _SHIM_SET))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SOURCE_ROOT, env.get("PYTHONPATH")]))
+    # `nrl-shim run` keeps each job's report under $XDG_STATE_HOME: the tests' jobs keep theirs out of the home dir.
+    env.setdefault("XDG_STATE_HOME", _TEST_STATE)
     env.update(extra or {})
     return env
+
+
+_TEST_STATE = os.path.join(tempfile.gettempdir(), f"nrl-shim-test-state-{os.getuid()}")
 
 
 CHILDREN_DIR = Path(__file__).resolve().parent / "children"
