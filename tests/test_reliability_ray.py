@@ -170,6 +170,7 @@ def test_job_report_gathers_every_process_and_the_second_node(cluster, tmp_path)
     assert out["on_node"]["cached"] == [0, 0] and out["driver_cached"] == [0, 0], out  # the resets happened
     (job_dir,) = [str(p) for p in (state / "nrl-shim" / "jobs").iterdir()]
     table = proc.stderr[proc.stderr.index("nrl-shim report: ") :]
+    print(table)  # shown with -s: docs/report.md
     line = next(line for line in table.splitlines() if line.startswith("  [vllm-prefix-cache-refit] changed in"))
     node2 = out["on_node"]["node_id"]
     assert "ray actor@" in line and f"node {node2[:6]} (pid {out['on_node']['pid']})" in line, table
