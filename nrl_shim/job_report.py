@@ -237,6 +237,8 @@ def parse(name: str, text: str, source: str) -> dict:
             process.update(line["process"])
         elif "note" in line:
             process["notes"].append(line["note"])
+            if line["note"].get("ray_node"):  # a driver joins its cluster after its first records
+                process.setdefault("ray_node", line["note"]["ray_node"])
         else:
             process["records"].append(line)
     return process
