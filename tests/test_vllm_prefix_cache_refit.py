@@ -160,7 +160,10 @@ GROUP = 8
 @pytest.fixture(scope="module")
 def under_load(models, tmp_path_factory):
     """Async RL's load on AsyncLLM: one request streams through three refits (alternating policies, collective_rpc),
-    a GRPO group of 8 sharing PROMPT after each, and two echoes of the long request's prompt after the first."""
+    a GRPO group of 8 sharing PROMPT after each, and two echoes of the long request's prompt after the first. Then the
+    same (two refits) for a Gemma-3 with a sliding-window and a full-attention layer: two KV-cache groups."""
+    from tiny_models import write_model
+
     tmp = tmp_path_factory.mktemp("under-load")
     load = case(
         models,
@@ -171,9 +174,23 @@ def under_load(models, tmp_path_factory):
         group=GROUP,
         echo_tokens=100,
     )
-    without, _ = run(tmp, [load], WITHOUT_FIX, "without")
-    with_fix, stderr = run(tmp, [load], WITH_FIX, "with")
-    return {"without": without[0]["result"], "with": with_fix[0]["result"], "stderr": stderr}
+    two_groups = {"max_position_embeddings": 1024, "layer_types": ["sliding_attention", "full_attention"]}
+    gemma = {
+        f"model_{n}": write_model(
+            tmp / f"gemma-{n}", "gemma3_text", seed=s, tie_word_embeddings=True, overrides=two_groups
+        )
+        for n, s in (("a", 0), ("b", 1))
+    }
+    hybrid = {**load, **gemma, "policies": ["b", "a"]}
+    without, _ = run(tmp, [load, hybrid], WITHOUT_FIX, "without")
+    with_fix, stderr = run(tmp, [load, hybrid], WITH_FIX, "with")
+    return {
+        "without": without[0]["result"],
+        "with": with_fix[0]["result"],
+        "hybrid_without": without[1]["result"],
+        "hybrid_with": with_fix[1]["result"],
+        "stderr": stderr,
+    }
 
 
 def test_under_load_without_the_fix_serves_the_old_weights_kv(under_load, models):
@@ -215,6 +232,24 @@ def test_under_load_nothing_the_running_request_computed_is_shared(under_load, m
     expected = reference(models["b"], echoes["extended_prompt"])
     assert echoes["extended"]["tokens"] == expected["tokens"]
     assert gap(echoes["extended"], expected) < 1e-3
+
+
+def test_under_load_with_two_kv_cache_groups(under_load):
+    """Gemma-3, one sliding-window and one full-attention layer (two KV-cache groups, both in the block pool the fix
+    walks). vLLM itself is the reference (transformers is not, for this tiny Gemma): policy A's rollout on a fresh
+    engine, and each group's members agree."""
+    stale, result = under_load["hybrid_without"], under_load["hybrid_with"]
+    fresh_a = result["first"]["tokens"]
+    for group in result["groups"]:
+        assert group["long_running"], "the long request had finished before a refit: the load did not happen"
+        members = group["members"]
+        assert all(m["tokens"] == members[0]["tokens"] for m in members), group
+        assert members[0]["cached"] == 0 and all(m["cached"] >= 256 for m in members[1:]), group
+        if group["policy"] == "a":
+            assert members[0]["tokens"] == fresh_a, group
+    leader, fixed = stale["groups"][0]["members"][0], result["groups"][0]["members"][0]
+    assert leader["cached"] >= 256 and leader["tokens"] != fixed["tokens"], "the stale cache did not reproduce"
+    assert result["echoes"]["prompt"]["cached"] == 0 and stale["echoes"]["prompt"]["cached"] >= 256
 
 
 # Two workers (TP = 2) and two data-parallel engines (two engine cores, each with its own scheduler and cache), under
