@@ -193,13 +193,14 @@ def recorder() -> Recorder:
     return _RECORDER
 
 
-def note_ray_driver() -> None:
-    """Called after ray.init in a driver: its file names the cluster, so the report can reach the other nodes."""
+def note_ray_driver(started_here: bool) -> None:
+    """Called after ray.init in a driver: its file names the cluster, so the report can reach the other nodes
+    (`started_here`: ray.init started a local cluster, which ends with this driver and has no other node)."""
     if directory_from_env() is None:
         return
     worker = _ray_worker()
     if worker is not None:
-        recorder().note(ray_address=worker[2], ray_node=worker[1])
+        recorder().note(ray_address=worker[2], ray_node=worker[1], started_here=started_here)
 
 
 # --- reading (the CLI) ---
@@ -250,16 +251,17 @@ def gather(directory: str, say=None, timeout: float = 60.0) -> tuple[list[dict],
     files = read_directory(directory)
     processes = [parse(name, text, "local") for name, text in files.items()]
     problems: list[str] = []
-    addresses = {note["ray_address"] for p in processes for note in p["notes"] if note.get("ray_address")} | {
-        p["ray_address"] for p in processes if p.get("ray_address")
-    }
+    notes = [note for p in processes for note in p["notes"] if note.get("ray_address")]
+    addresses = {note["ray_address"] for note in notes} | {p["ray_address"] for p in processes if p.get("ray_address")}
+    local_only = {note["ray_address"] for note in notes if note.get("started_here")}
     for address in sorted(addresses):
-        if say:
+        if say and address not in local_only:
             say(f"reading the records of the other nodes of Ray cluster {address} ...")
         try:
             remote = _gather_ray(address, set(files), timeout)
-        except Exception as error:  # the cluster is gone (a local ray.init ends with its driver) or unreachable
-            problems.append(f"Ray cluster {address}: {type(error).__name__}: {error}")
+        except Exception as error:  # the cluster is gone or unreachable
+            if address not in local_only:  # one ray.init() started in the job: one node, its files are local
+                problems.append(f"Ray cluster {address}: {type(error).__name__}: {error}")
             continue
         for node, found in remote.items():
             for name, text in found.items():

@@ -271,7 +271,8 @@ def init_wrapper(wrapped, instance, args, kwargs, current):
     _Job.shim_uris = _uploaded_uris(count) if shipped else []
     from ..job_report import note_ray_driver
 
-    note_ray_driver()  # the job report can reach this cluster's other nodes
+    address = kwargs.get("address", args[0] if args else None)
+    note_ray_driver(started_here=address is None and not os.environ.get("RAY_ADDRESS"))  # the report reads its nodes
     return result
 
 
