@@ -87,9 +87,10 @@ def _role() -> str:
         return "engine core"
     if "Worker" in name:
         return "vllm worker"
-    if os.environ.get("NRL_SHIM_RUN_PID") == str(os.getppid()):
+    run_pid = os.environ.get("NRL_SHIM_RUN_PID")
+    if run_pid == str(os.getppid()):
         return "driver"
-    return "process"
+    return "child" if run_pid else "process"  # inside `nrl-shim run` every other process descends from the driver
 
 
 class Recorder(logging.Handler):

@@ -69,7 +69,7 @@ def test_run_reports_every_process_where_the_shim_was_active(tmp_path):
     report = json.loads(again.stdout)
     assert report["directory"] == str(job)
     roles = {p["pid"]: p["role"] for p in report["processes"]}
-    assert roles == {pids["driver"]: "driver", pids["on"]: "process", pids["forked"]: "process"}, roles
+    assert roles == {pids["driver"]: "driver", pids["on"]: "child", pids["forked"]: "child"}, roles
     assert pids["off"] not in roles  # NRL_SHIM=0: the shim is off there, nothing recorded
     changes = report["fixes"]["demo-fix"]["changed"]
     assert [c["message"] for c in changes] == ["[demo-fix] setting: 'before' -> 'after' (why)"] * 2
