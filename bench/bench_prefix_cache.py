@@ -111,8 +111,13 @@ def main():
     args = parser.parse_args()
     if args.child:
         return run(args)
-    # The shim activates at interpreter start-up, as in a job: run this script again under NRL_SHIM=1.
-    env = dict(os.environ, NRL_SHIM="1", VLLM_CPU_KVCACHE_SPACE="1")
+    rerun_under_shim()
+
+
+def rerun_under_shim(**extra_env):
+    """The shim activates at interpreter start-up, as in a job: run this script again (--child) under NRL_SHIM=1,
+    every fix on. Shared with bench_prefix_cache_load.py."""
+    env = dict(os.environ, NRL_SHIM="1", VLLM_CPU_KVCACHE_SPACE="1", **extra_env)
     env.pop("NRL_SHIM_DISABLE", None)
     sys.exit(subprocess.call([sys.executable, *sys.argv, "--child"], env=env))
 

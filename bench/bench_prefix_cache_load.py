@@ -20,21 +20,15 @@ import asyncio
 import functools
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
+from bench_prefix_cache import MODEL as PREFIX_CACHE_MODEL
+from bench_prefix_cache import rerun_under_shim
+
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-MODEL = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    head_dim=64,
-    max_position_embeddings=2048,
-)
+MODEL = dict(PREFIX_CACHE_MODEL, max_position_embeddings=2048)  # bench_prefix_cache.py's model, longer requests
 WAYS = ("fix", "(a) no refit", "(b) preempt+reset")
 
 
@@ -157,10 +151,7 @@ def main():
     args = parser.parse_args()
     if args.child:
         return asyncio.run(run(args))
-    # The shim activates at interpreter start-up, as in a job: run this script again under NRL_SHIM=1.
-    env = dict(os.environ, NRL_SHIM="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
-    env.pop("NRL_SHIM_DISABLE", None)
-    sys.exit(subprocess.call([sys.executable, *sys.argv, "--child"], env=env))
+    rerun_under_shim(VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # the refit function goes to the workers by pickle
 
 
 if __name__ == "__main__":
