@@ -132,6 +132,7 @@ QUIRKS = (
             "vllm.model_executor.model_loader.base_loader",
             "vllm.model_executor.model_loader.utils",
             "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
+            "vllm.model_executor.model_loader.reload.layerwise",
         ),
         None,
         (

@@ -53,7 +53,10 @@ TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.model_executor.model_loader.utils",
     "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
+    "vllm.model_executor.model_loader.reload.layerwise",
 )
+# What the layerwise reload calls by its module's name (0.32.0), for refits in a row within one bracket.
+_ROW_HOOKS = ("_layerwise_process", "finalize_layerwise_processing", "get_numel_loaded")
 RELOAD_SINCE = "0.20"  # first release here with vllm/model_executor/model_loader/reload/ (read in the wheels)
 MODES = ("reload", "guard")
 SETTINGS = (
@@ -91,6 +94,13 @@ def patch(module, settings):
         # The caller's own re-processing (verl); releases whose utils lack it have no bracket to close either.
         if hasattr(module, "process_weights_after_loading"):
             wrap(module, "process_weights_after_loading", _process_wrapper, ID)
+    elif name.endswith(".layerwise"):
+        # A layer vLLM processed within a bracket takes later writes raw, in the checkpoint's layout: reopen it.
+        if all(hasattr(module, hook) for hook in _ROW_HOOKS):
+            wrap(module, "_layerwise_process", _layerwise_process_wrapper, ID)
+            wrap(module, "finalize_layerwise_processing", _finalize_wrapper, ID)
+            wrap(module, "get_numel_loaded", _numel_wrapper, ID)
+            _ROWS["ready"] = True
     elif hasattr(getattr(module, "UnquantizedFusedMoEMethod", None), "_setup_kernel"):
         # From 0.22: the CPU experts' prepack runs inside _setup_kernel, on its first call only.
         wrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", _setup_kernel_wrapper, ID)
@@ -106,6 +116,10 @@ def unpatch(module):
         unwatch_all()
     elif name.endswith(".utils"):
         unwrap(module, "process_weights_after_loading", ID)
+    elif name.endswith(".layerwise"):
+        for hook in _ROW_HOOKS:
+            unwrap(module, hook, ID)
+        _ROWS["ready"] = False
     elif hasattr(module, "UnquantizedFusedMoEMethod"):
         unwrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", ID)
 
@@ -217,6 +231,14 @@ class _Refits:
         self.raw = False  # a refit wrote without a bracket (guard mode): check at the next forward
         self.hook = None
         self.own_load_weights = vars(model).get("load_weights")
+        modules = dict(model.named_modules())
+        self.relaid_modules = [modules[name] for name in relaid if name in modules]
+        self.names = {id(module): name for name, module in modules.items() if name in relaid}
+        # Within our open bracket: re-laid-out layers vLLM processed and we reopened, the writes of each layer's current
+        # round ({(parameter, destination): fingerprint}) and of its rounds processed so far.
+        self.reopened: "dict[int, Any]" = {}
+        self.rounds: "dict[int, dict]" = {}
+        self.done: "dict[int, dict]" = {}
 
     def before_call(self, model):
         if self.open:
@@ -236,14 +258,21 @@ class _Refits:
 
             initialize_layerwise_reload(model)
             self.open = True
+            for layer in self.relaid_modules:
+                self._track(layer)
             from .. import report
 
+            rows = (
+                "any number of refits until then, a layer written again reloaded again"
+                if _ROWS["ready"]
+                else "NOT covered on this release: a second refit or a second write of a layer before that forward"
+            )
             report.changed(
                 ID,
                 f"refit of {self.label} through load_weights ({len(self.relaid)} layers re-laid out after loading, "
                 f"e.g. {self.relaid[0]})",
                 "checkpoint layout written into the kernel's",
-                "vLLM's layerwise reload (initialize_layerwise_reload; finalized before the next forward)",
+                f"vLLM's layerwise reload (initialize_layerwise_reload; finalized before the next forward; {rows})",
                 _WHY,
             )
         else:
@@ -266,11 +295,84 @@ class _Refits:
         if self.open:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-            self.open = False
+            self.settle()
             finalize_layerwise_reload(model, self.model_config)
         elif self.raw:
             self.raw = False
             self._report()
+
+    # --- refits in a row: layers processed within our bracket are reopened for the writes that follow ---
+
+    def _track(self, layer):
+        """Note the layer's current (meta) tensors: writes into them are counted once per destination."""
+        from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
+
+        self.rounds[id(layer)] = {}
+        for name, tensor in get_layer_tensors(layer).items():
+            _TRACKED[id(tensor)] = (_ref(tensor), self, layer, name)
+
+    def _untrack(self, layer):
+        for key, entry in list(_TRACKED.items()):
+            if entry[2] is layer or entry[0]() is None:
+                del _TRACKED[key]
+        return self.rounds.pop(id(layer), {})
+
+    def processed(self, layer):
+        """vLLM processed a re-laid-out layer (all its weights arrived) while our bracket is open: reopen it, so a later
+        write of it (the next refit, a tensor sent again) is reloaded and processed again instead of landing raw."""
+        self.done.setdefault(id(layer), {}).update(self._untrack(layer))
+        import vllm.model_executor.model_loader.reload.layerwise as layerwise
+
+        torchao = {name: vars(layer)[name] for name in _TORCHAO if name in vars(layer)}
+        layerwise.initialize_layerwise_reload(layer)  # the layer (and any processed child): kernel tensors kept
+        for name in _TORCHAO:  # set on its argument, meant for the model only
+            if name in torchao:
+                vars(layer)[name] = torchao[name]
+            else:
+                vars(layer).pop(name, None)
+        self.reopened[id(layer)] = layer
+        self._track(layer)
+
+    def settle(self):
+        """Close our bracket: a reopened layer nothing wrote again gets its kernel tensors back (as they were processed);
+        one written again in part gets them back too, the repeated writes dropped — right when they repeat the values
+        processed (a tensor sent twice), named in a warning when they don't (its other weights are gone: vLLM would
+        process uninitialised memory)."""
+        import vllm.model_executor.model_loader.reload.layerwise as layerwise
+
+        self.open = False
+        differ = []
+        for layer in list(self.reopened.values()):
+            info = layerwise.get_layerwise_info(layer)
+            written = self._untrack(layer)
+            if not info.can_load() or info.load_numel >= info.load_numel_total:
+                continue
+            if info.load_numel > 0:
+                done = self.done.get(id(layer), {})
+                if not all(_same(done.get(key), fingerprint) for key, fingerprint in written.items()):
+                    differ.append(self.names.get(id(layer), type(layer).__name__))
+            layerwise._place_kernel_tensors(layer, info)
+            info.reset()
+        for layer in self.relaid_modules:
+            self._untrack(layer)
+        self.reopened, self.done = {}, {}
+        if differ:
+            self._report_partial(differ)
+
+    def _report_partial(self, layers):
+        message = (
+            f"[{ID}] {self.label}: a refit wrote {', '.join(layers[:_SHOWN])} again in part, with other values, after "
+            "all of its weights had arrived and been processed into the kernel's layout; the part can't be combined "
+            "with the rest (gone from the checkpoint's layout), so these layers keep the weights processed before. "
+            f"Send each re-laid-out layer's weights completely in a refit. See {LINK}"
+        )
+        from .. import report
+
+        if self.settings.strict:
+            from ..errors import RefitIncompleteError
+
+            raise RefitIncompleteError(message + f" (NRL_SHIM_STRICT=1; NRL_SHIM_DISABLE={ID} turns this off)")
+        report.warn_once(ID, f"{self.label} partial {layers}", message)
 
     def _report(self):
         listed = self.relaid[:_SHOWN]
@@ -296,6 +398,8 @@ class _Refits:
         report.warn_once(ID, self.label, message)
 
     def stop(self):
+        for layer in self.relaid_modules:
+            self._untrack(layer)
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
@@ -320,6 +424,25 @@ def _bracketed_by_caller(model):
 
 
 _WATCHED: "Any" = None  # WeakSet of watched models, for unpatch
+# id(meta tensor of a re-laid-out layer in our open bracket) -> (weakref to it, its _Refits, the layer, its name). By id:
+# tensors compare element-wise, so they can't be dict or WeakKeyDictionary keys.
+_TRACKED: "dict[int, tuple]" = {}
+_ROWS = {"ready": False}  # the layerwise module's hooks are in place (refits in a row covered)
+_TORCHAO = ("_original_do_torchao_reload", "_do_torchao_reload")
+
+
+def _ref(tensor):
+    import weakref
+
+    return weakref.ref(tensor)
+
+
+def _same(before, after):
+    if before is None or after is None:
+        return False
+    import torch
+
+    return bool(torch.equal(before, after))
 
 
 def _watch(model, relaid, model_config, settings):
@@ -404,3 +527,77 @@ def _setup_kernel_wrapper(wrapped, instance, args, kwargs):
     elif not update:
         vars(layer)["_nrl_shim_prepacked"] = weakref.ref(layer.w13_weight)  # the prepacked parameter vLLM keeps
     return result
+
+
+# --- refits in a row: vLLM's layerwise reload, seen from inside ---
+
+
+def _layerwise_process_wrapper(wrapped, instance, args, kwargs):
+    layer = kwargs.get("layer", args[0] if args else None)
+    entry = next((e for e in _TRACKED.values() if e[2] is layer), None) if layer is not None else None
+    result = wrapped(*args, **kwargs)
+    state = entry[1] if entry is not None else None
+    if state is not None and state.open:
+        state.processed(layer)
+    return result
+
+
+def _finalize_wrapper(wrapped, instance, args, kwargs):
+    # Any finalize of a model with our bracket open (ours before the next forward, or vLLM's reload_weights called
+    # meanwhile) closes ours first: reopened layers are settled before vLLM's finalize would "fail to load" them.
+    model = kwargs.get("model", args[0] if args else None)
+    state = vars(model).get(_ATTR) if model is not None and hasattr(model, "__dict__") else None
+    if state is not None and state.open:
+        state.settle()
+    return wrapped(*args, **kwargs)
+
+
+_WRITES: "Any" = None  # the dispatch mode class (made on first use: torch is imported only then)
+
+
+def _writes():
+    global _WRITES
+    if _WRITES is None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Writes(TorchDispatchMode):
+            """Each copy into a meta tensor: its destination (offset, shape, stride), elements and a fingerprint of
+            what it copies."""
+
+            def __init__(self):
+                super().__init__()
+                self.numel, self.fingerprints = {}, {}
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.copy_.default and args and args[0].is_meta:
+                    dst, src = args[0], args[1]
+                    key = (dst.storage_offset(), tuple(dst.shape), tuple(dst.stride()))
+                    self.numel[key] = dst.numel()
+                    if isinstance(src, torch.Tensor) and not src.is_meta:
+                        self.fingerprints[key] = src.detach().sum(dtype=torch.float64)
+                return func(*args, **(kwargs or {}))
+
+        _WRITES = Writes
+    return _WRITES
+
+
+def _numel_wrapper(wrapped, instance, args, kwargs):
+    # vLLM counts a layer's loaded elements per copy, so a tensor sent twice before the rest of its layer arrived
+    # "completes" the layer early (processed with uninitialised weights, the rest then written raw): count each
+    # destination once per round; the writes are replayed in order, so the last one wins.
+    bound = kwargs.get("args", args[1] if len(args) > 1 else None)
+    param = getattr(bound, "arguments", {}).get("param")
+    entry = _TRACKED.get(id(param)) if param is not None else None
+    if entry is None or entry[0]() is not param or not entry[1].open:
+        return wrapped(*args, **kwargs)
+    with _writes()() as writes:
+        numel, result = wrapped(*args, **kwargs)
+    if not writes.numel:
+        return numel, result
+    _, state, layer, name = entry
+    seen = state.rounds.setdefault(id(layer), {})
+    fresh = sum(count for key, count in writes.numel.items() if (name, key) not in seen)
+    for key in writes.numel:
+        seen[(name, key)] = writes.fingerprints.get(key)
+    return min(numel, fresh), result

@@ -53,10 +53,16 @@ def engine_case(case):
             elif refit["via"] == "per_tensor":  # TRL's colocate refit: one tensor per call
                 for item in items:
                     model.load_weights([item])
+            elif refit["via"] == "twice":  # a tensor sent twice: before and after its layer's other tensors arrived
+                experts = [item for item in items if ".experts." in item[0]] or items
+                model.load_weights([experts[0], *items, experts[1]])
             else:  # the whole state dict in one call (NeMo RL, a user's loop)
                 model.load_weights(items)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+        if not refit.get("generate", True):  # the next refit follows at once (no rollout between)
+            out["refits"].append({"error": error, "model": refit["model"], "tokens": None, "logprobs": None})
+            continue
         try:
             result = generate()
         except Exception as exc:
