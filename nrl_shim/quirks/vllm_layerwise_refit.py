@@ -236,9 +236,9 @@ class _Refits:
         self.names = {id(module): name for name, module in modules.items() if name in relaid}
         # Within our open bracket: re-laid-out layers vLLM processed and we reopened, the writes of each layer's current
         # round ({(parameter, destination): fingerprint}) and of its rounds processed so far.
-        self.reopened: "dict[int, Any]" = {}
-        self.rounds: "dict[int, dict]" = {}
-        self.done: "dict[int, dict]" = {}
+        self.reopened: dict = {}
+        self.rounds: dict = {}
+        self.done: dict = {}
 
     def before_call(self, model):
         if self.open:
