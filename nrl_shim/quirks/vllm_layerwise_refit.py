@@ -18,6 +18,14 @@ How, in the process that holds the model:
   any number of calls. It closes with `finalize_layerwise_reload(model, model_config)` right before the next forward
   (a forward pre-hook: the next generation step), or when the caller runs vLLM's `process_weights_after_loading`
   itself (verl's way; the layers are then processed once, by the bracket, not a second time over their kernel layout).
+- Refits in a row (no forward between them) share that bracket. vLLM processes a layer once, when its element count
+  is reached (reload/layerwise.py: make_online_process_loader, _layerwise_process), then unwraps its loaders: a later
+  write of it in the bracket (the next refit, a tensor sent again) went in raw. So each re-laid-out layer vLLM
+  processes in our bracket is reopened (initialize_layerwise_reload on that layer), and each write's destination
+  counts once per round (vLLM counts copies: a tensor sent twice completed a layer early, over uninitialised memory).
+  At the close, a reopened layer nothing wrote again gets its kernel tensors back; one written again in part with the
+  same values (a float64 sum per write) too, silently; in part with other values: can't be combined with the rest of
+  its weights (gone from the checkpoint's layout), kept as processed and named in a warning.
 - The CPU build's fused-MoE experts: vLLM's `UnquantizedFusedMoEMethod._setup_kernel` skips the CPU prepack on a
   weight update (it runs `fused_experts.process_weights_after_loading` on the first call only), so even vLLM's own
   reload_weights leaves checkpoint-layout experts in the prepacked storage. The shim prepacks again when the experts
@@ -134,7 +142,7 @@ def describe(settings, version):
     if settings.layerwise_refit == "reload" and has_reload():
         return (
             "refits through load_weights into layers re-laid out after loading: through vLLM's layerwise reload "
-            "(finished before the next forward); other models untouched"
+            "(finished before the next forward; any number of refits in a row until then); other models untouched"
         )
     why = (
         "NRL_SHIM_LAYERWISE_REFIT=guard" if settings.layerwise_refit == "guard" else f"vLLM {version} < {RELOAD_SINCE}"
@@ -232,7 +240,7 @@ class _Refits:
         self.hook = None
         self.own_load_weights = vars(model).get("load_weights")
         modules = dict(model.named_modules())
-        self.relaid_modules = [modules[name] for name in relaid if name in modules]
+        self.relaid_ids = {id(modules[name]) for name in relaid if name in modules}
         self.names = {id(module): name for name, module in modules.items() if name in relaid}
         # Within our open bracket: re-laid-out layers vLLM processed and we reopened, the writes of each layer's current
         # round ({(parameter, destination): fingerprint}) and of its rounds processed so far.
@@ -258,7 +266,7 @@ class _Refits:
 
             initialize_layerwise_reload(model)
             self.open = True
-            for layer in self.relaid_modules:
+            for layer in model.modules():
                 self._track(layer)
             from .. import report
 
@@ -307,38 +315,49 @@ class _Refits:
         """Note the layer's current (meta) tensors: writes into them are counted once per destination."""
         from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
 
+        tensors = get_layer_tensors(layer)
+        if not tensors:
+            return
         self.rounds[id(layer)] = {}
-        for name, tensor in get_layer_tensors(layer).items():
+        _OPEN[id(layer)] = (_ref(layer), self, [id(tensor) for tensor in tensors.values()])
+        for name, tensor in tensors.items():
             _TRACKED[id(tensor)] = (_ref(tensor), self, layer, name)
 
     def _untrack(self, layer):
-        for key, entry in list(_TRACKED.items()):
-            if entry[2] is layer or entry[0]() is None:
-                del _TRACKED[key]
+        entry = _OPEN.pop(id(layer), None)
+        for key in entry[2] if entry is not None else ():
+            _TRACKED.pop(key, None)
         return self.rounds.pop(id(layer), {})
 
     def processed(self, layer):
-        """vLLM processed a re-laid-out layer (all its weights arrived) while our bracket is open: reopen it, so a later
-        write of it (the next refit, a tensor sent again) is reloaded and processed again instead of landing raw."""
+        """vLLM processed a layer (all its weights arrived) while our bracket is open: reopen it, so a later write of it
+        (the next refit, a tensor sent again) is reloaded and processed again instead of landing raw."""
         self.done.setdefault(id(layer), {}).update(self._untrack(layer))
         import vllm.model_executor.model_loader.reload.layerwise as layerwise
 
         torchao = {name: vars(layer)[name] for name in _TORCHAO if name in vars(layer)}
+        loading = {id(module) for module in layer.modules() if layerwise.get_layerwise_info(module).can_load()}
         layerwise.initialize_layerwise_reload(layer)  # the layer (and any processed child): kernel tensors kept
         for name in _TORCHAO:  # set on its argument, meant for the model only
             if name in torchao:
                 vars(layer)[name] = torchao[name]
             else:
                 vars(layer).pop(name, None)
-        self.reopened[id(layer)] = layer
-        self._track(layer)
+        for module in layer.modules():
+            if id(module) not in loading:
+                if module is not layer:
+                    self.done.setdefault(id(module), {}).update(self._untrack(module))
+                self.reopened[id(module)] = module
+                self._track(module)
 
     def settle(self):
-        """Close our bracket: a reopened layer nothing wrote again gets its kernel tensors back (as they were processed);
-        one written again in part gets them back too, the repeated writes dropped — right when they repeat the values
-        processed (a tensor sent twice), named in a warning when they don't (its other weights are gone: vLLM would
-        process uninitialised memory)."""
+        """Close our bracket: a reopened layer nothing wrote again gets its kernel tensors back (as they were processed).
+        One written again in part: a layer vLLM kept in the checkpoint's layout is processed again from its kernel
+        tensors with the new part over them; a re-laid-out one gets its kernel tensors back, the repeated writes
+        dropped — right when they repeat the values processed (a tensor sent twice), named in a warning when they
+        don't (its other weights are gone: vLLM would process uninitialised memory)."""
         import vllm.model_executor.model_loader.reload.layerwise as layerwise
+        from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
 
         self.open = False
         differ = []
@@ -347,15 +366,27 @@ class _Refits:
             written = self._untrack(layer)
             if not info.can_load() or info.load_numel >= info.load_numel_total:
                 continue
+            if info.load_numel > 0 and id(layer) not in self.relaid_ids:
+                params, buffers = info.kernel_tensors
+                layerwise.materialize_layer(layer, info)
+                for name, tensor in get_layer_tensors(layer).items():
+                    kernel = params.get(name, buffers.get(name))
+                    if kernel is not None and kernel.shape == tensor.shape:
+                        tensor.data.copy_(kernel.data)
+                layerwise._layerwise_process(layer, info)  # the new part replayed over them, processed, copied back
+                continue
             if info.load_numel > 0:
                 done = self.done.get(id(layer), {})
                 if not all(_same(done.get(key), fingerprint) for key, fingerprint in written.items()):
                     differ.append(self.names.get(id(layer), type(layer).__name__))
             layerwise._place_kernel_tensors(layer, info)
             info.reset()
-        for layer in self.relaid_modules:
-            self._untrack(layer)
-        self.reopened, self.done = {}, {}
+        for key, entry in list(_OPEN.items()):
+            if entry[1] is self:
+                del _OPEN[key]
+                for tensor in entry[2]:
+                    _TRACKED.pop(tensor, None)
+        self.rounds, self.reopened, self.done = {}, {}, {}
         if differ:
             self._report_partial(differ)
 
@@ -398,8 +429,11 @@ class _Refits:
         report.warn_once(ID, self.label, message)
 
     def stop(self):
-        for layer in self.relaid_modules:
-            self._untrack(layer)
+        for key, entry in list(_OPEN.items()):
+            if entry[1] is self:
+                del _OPEN[key]
+                for tensor in entry[2]:
+                    _TRACKED.pop(tensor, None)
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
@@ -427,6 +461,7 @@ _WATCHED: "Any" = None  # WeakSet of watched models, for unpatch
 # id(meta tensor of a re-laid-out layer in our open bracket) -> (weakref to it, its _Refits, the layer, its name). By id:
 # tensors compare element-wise, so they can't be dict or WeakKeyDictionary keys.
 _TRACKED: "dict[int, tuple]" = {}
+_OPEN: "dict[int, tuple]" = {}  # id(layer of a model with our bracket open) -> (weakref, its _Refits, ids of its tensors)
 _ROWS = {"ready": False}  # the layerwise module's hooks are in place (refits in a row covered)
 _TORCHAO = ("_original_do_torchao_reload", "_do_torchao_reload")
 
@@ -534,9 +569,9 @@ def _setup_kernel_wrapper(wrapped, instance, args, kwargs):
 
 def _layerwise_process_wrapper(wrapped, instance, args, kwargs):
     layer = kwargs.get("layer", args[0] if args else None)
-    entry = next((e for e in _TRACKED.values() if e[2] is layer), None) if layer is not None else None
+    entry = _OPEN.get(id(layer)) if layer is not None else None
+    state = entry[1] if entry is not None and entry[0]() is layer else None
     result = wrapped(*args, **kwargs)
-    state = entry[1] if entry is not None else None
     if state is not None and state.open:
         state.processed(layer)
     return result

@@ -1,7 +1,8 @@
 """Refits of real vLLM engines (CPU build) whose layers vLLM re-lays out after loading (fused-MoE experts; packed
 linear layers of an engine loaded with real weights), for test_vllm_layerwise_refit.py:
 `python layerwise_refit_engine.py CASES.json`. Each case gets a fresh engine; per listed refit: refit (an error is
-recorded, not raised), then greedy tokens and the logprob vLLM returned for each. The shim is on or off as the
+recorded, not raised), then, unless the refit says `"generate": false` (the next refit follows at once), greedy tokens
+and the logprob vLLM returned for each. The shim is on or off as the
 environment the test gives this process says, as in a job.
 Prints one JSON line: {"cases": {name: {...}}, "log": [[level, message], ...]} (the `nrl_shim` records).
 """
@@ -18,10 +19,26 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this proces
 ENGINE_KW = dict(skip_tokenizer_init=True, max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=64 << 20)
 
 
+def rows_off():
+    """The shim's fix as it was before it covered refits in a row: vLLM's layerwise reload left to process each layer
+    once per bracket (its hooks into vLLM's reload module taken off)."""
+    import vllm.model_executor.model_loader.reload.layerwise as layerwise
+
+    from nrl_shim.patching import unwrap
+    from nrl_shim.quirks import vllm_layerwise_refit as quirk
+
+    for hook in quirk._ROW_HOOKS:
+        unwrap(layerwise, hook, quirk.ID)
+    quirk._ROWS["ready"] = False
+
+
 def engine_case(case):
     from vllm import LLM, SamplingParams
 
     from tiny_models import state_dict_items
+
+    if case.get("rows_off"):
+        rows_off()
 
     # No prefix caching: every refit's prompts are computed anew (the stale cache is vllm-prefix-cache-refit's).
     llm = LLM(
@@ -56,6 +73,10 @@ def engine_case(case):
             elif refit["via"] == "twice":  # a tensor sent twice: before and after its layer's other tensors arrived
                 experts = [item for item in items if ".experts." in item[0]] or items
                 model.load_weights([experts[0], *items, experts[1]])
+            elif refit["via"] == "resend":  # the whole state dict, then one expert tensor again with other values
+                other = next(item for item in state_dict_items(refit["resend"]) if ".experts." in item[0])
+                model.load_weights(items)
+                model.load_weights([other])
             else:  # the whole state dict in one call (NeMo RL, a user's loop)
                 model.load_weights(items)
         except Exception as exc:
