@@ -20,12 +20,14 @@ How, in the process that holds the model:
   itself (verl's way; the layers are then processed once, by the bracket, not a second time over their kernel layout).
 - Refits in a row (no forward between them) share that bracket. vLLM processes a layer once, when its element count
   is reached (reload/layerwise.py: make_online_process_loader, _layerwise_process), then unwraps its loaders: a later
-  write of it in the bracket (the next refit, a tensor sent again) went in raw. So each re-laid-out layer vLLM
-  processes in our bracket is reopened (initialize_layerwise_reload on that layer), and each write's destination
-  counts once per round (vLLM counts copies: a tensor sent twice completed a layer early, over uninitialised memory).
-  At the close, a reopened layer nothing wrote again gets its kernel tensors back; one written again in part with the
-  same values (a float64 sum per write) too, silently; in part with other values: can't be combined with the rest of
-  its weights (gone from the checkpoint's layout), kept as processed and named in a warning.
+  write of it in the bracket (the next refit, a tensor sent again) went in raw. So each layer vLLM processes in our
+  bracket is reopened (initialize_layerwise_reload on that layer; every layer: the CPU build's LM head keeps its
+  parameter but computes from a copy packed when processed), and each write's destination counts once per round (vLLM
+  counts copies: a tensor sent twice completed a layer early, over uninitialised memory). At the close, a reopened
+  layer nothing wrote again gets its kernel tensors back; one written again in part: processed again from its kernel
+  tensors where they are in the checkpoint's layout; a re-laid-out one keeps what was processed, silently when the
+  part repeats the values (a float64 sum per write), else named in a warning (the rest of its weights are gone from
+  the checkpoint's layout).
 - The CPU build's fused-MoE experts: vLLM's `UnquantizedFusedMoEMethod._setup_kernel` skips the CPU prepack on a
   weight update (it runs `fused_experts.process_weights_after_loading` on the first call only), so even vLLM's own
   reload_weights leaves checkpoint-layout experts in the prepacked storage. The shim prepacks again when the experts
