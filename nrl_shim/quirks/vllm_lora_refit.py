@@ -15,9 +15,9 @@ LLM/AsyncLLM with the engine core in its own process, the OpenAI server's /v1/lo
   stat fingerprint of its directory's files (inode, size, mtime, ctime), a removal in between, in-memory tensors
   (verl's TensorLoRARequest-style `lora_tensors`). A difference is a new version of that name and id.
 - Prefix cache: a new version bumps a per-name and per-id counter appended to the adapter's block-hash key
-  (`_gen_lora_extra_hash_keys`), so no later request's hash chain can meet a block of the old version (blocks are
-  chained: a running request's later blocks stay on its old chain too). Requests still waiting (nothing computed)
-  are re-keyed. Running requests keep their KV; nothing is dropped, old blocks age out of vLLM's LRU.
+  (`_gen_lora_extra_hash_keys`). A request keeps the version it was keyed with once it computes, so no request of the
+  new version can meet a block computed (even in part) with the old one; requests not yet computing are re-keyed.
+  Running requests keep their KV; nothing is dropped, old blocks age out of vLLM's LRU.
 - Workers: where vLLM would keep the old adapter (a known id, no `load_inplace`, not removed), the engine core has its
   workers reload it from the new source (vLLM's own add_lora with `load_inplace`) before the request is scheduled.
   A reload that fails: one warning naming the id and both sources (the old adapter keeps serving, as without the fix).
@@ -85,16 +85,37 @@ def describe(settings, version):
 
 def _extra_keys_wrapper(wrapped, instance, args, kwargs):
     keys = wrapped(*args, **kwargs)
-    if not _VERSION or not keys:
+    if not keys:  # not a LoRA request
         return keys
     request = args[0] if args else kwargs.get("request")
-    lora = getattr(request, "lora_request", None)
-    if lora is None:
-        return keys
-    version = (_VERSION.get(("name", lora.lora_name), 0), _VERSION.get(("id", lora.lora_int_id), 0))
-    if version == (0, 0):
+    version = _stamp(request)
+    if version is None or version == (0, 0):
         return keys  # never changed: the key vLLM itself computes
     return [*keys, (_KEY, *version)]
+
+
+def _current(lora):
+    return (_VERSION.get(("name", lora.lora_name), 0), _VERSION.get(("id", lora.lora_int_id), 0))
+
+
+def _stamp(request):
+    """The adapter version a request's blocks are keyed with: the one current when its blocks were first hashed (or
+    re-hashed before it computed anything). A request computing across a change keeps its version, so nothing it
+    computes, before or after, is found by a request of the new version."""
+    version = vars(request).get("_nrl_shim_lora_version")
+    if version is None:
+        lora = getattr(request, "lora_request", None)
+        if lora is None:
+            return None
+        version = request._nrl_shim_lora_version = _current(lora)
+    return version
+
+
+def _rehash(request):
+    """Key a request that has computed nothing yet with its adapter's current version."""
+    request._nrl_shim_lora_version = _current(request.lora_request)
+    request.block_hashes.clear()
+    request.update_block_hashes()
 
 
 # --- what a name and an id stand for, per engine core ---
@@ -241,8 +262,17 @@ def _preprocess_wrapper(wrapped, instance, args, kwargs):
 
 def _add_request_wrapper(wrapped, instance, args, kwargs):
     state = vars(instance).get("_nrl_shim_lora")
-    if state is not None and (state.reloads or state.rekey):
-        _before_step(instance, state)  # main thread: the workers can be asked (the input thread can't)
+    if state is not None:
+        if state.reloads or state.rekey:
+            _before_step(instance, state)  # main thread: the workers can be asked (the input thread can't)
+        request = args[0] if args else kwargs.get("request")
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:
+            stamped = vars(request).get("_nrl_shim_lora_version")
+            if stamped is None:
+                request._nrl_shim_lora_version = _current(lora)  # no full block yet: its version from now on
+            elif stamped != _current(lora):
+                _rehash(request)  # hashed before a change, not yet scheduled: served by the new adapter
     return wrapped(*args, **kwargs)
 
 
@@ -292,8 +322,7 @@ def _rekey_waiting(scheduler, changed):
         if lora is None or id(request) in running or request.num_computed_tokens:
             continue
         if any(lora.lora_name == name or lora.lora_int_id == lora_id for name, lora_id in changed):
-            request.block_hashes.clear()
-            request.update_block_hashes()
+            _rehash(request)
 
 
 def _add_lora_wrapper(wrapped, instance, args, kwargs):
@@ -342,7 +371,7 @@ def _say(core, change, workers):
     state.logged.add(change["kind"])
     report.logger().log(
         level,
-        "[%s] %s %r (id %s) %s: prefix blocks computed with its old weights (%s) -> %s (%s)",
+        "[%s] %s %r (id %s), %s: prefix blocks computed with its old weights (%s) -> %s (%s)",
         *(ID, WHAT, change["name"], change["id"], change["route"], change["old"].text(), after, UPSTREAM),
     )
 
