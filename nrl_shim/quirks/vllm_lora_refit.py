@@ -201,6 +201,9 @@ def _observe(core, lora, explicit):
         kind = route = stale_workers = None
         if before_id is not None and removed:
             kind, route, old = "removed", "removed and added again", before_id
+            # A request still running with the old adapter has the workers load it again at their next step (from
+            # its own path): vLLM then finds the id loaded and keeps it.
+            stale_workers = True
         elif before_id is not None and source.differs(before_id, inplace):
             old = before_id
             if source.memory is not None:
