@@ -18,8 +18,9 @@ LLM/AsyncLLM with the engine core in its own process, the OpenAI server's /v1/lo
   (`_gen_lora_extra_hash_keys`). A request keeps the version it was keyed with once it computes, so no request of the
   new version can meet a block computed (even in part) with the old one; requests not yet computing are re-keyed.
   Running requests keep their KV; nothing is dropped, old blocks age out of vLLM's LRU.
-- Workers: where vLLM would keep the old adapter (a known id, no `load_inplace`, not removed), the engine core has its
-  workers reload it from the new source (vLLM's own add_lora with `load_inplace`) before the request is scheduled.
+- Workers: where vLLM would keep the old adapter (a known id without `load_inplace`; after a removal too: a request
+  still running has the workers load the old one again), the engine core has its workers reload it from the new
+  source (vLLM's own add_lora with `load_inplace`) before the request is scheduled.
   A reload that fails: one warning naming the id and both sources (the old adapter keeps serving, as without the fix).
 - Idle where each version arrives under a fresh name and id (verl, TRL): one INFO `nothing to change`.
 Not covered: a rewrite the stat fingerprint can't see (same inode, size and timestamps: a filesystem with coarse
