@@ -194,6 +194,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm_lora_refit",
+        "vllm-lora-refit",
+        ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core"),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm_rollout_sampling",
         "vllm-rollout-sampling",
         ("vllm.engine.arg_utils", "vllm.envs", "vllm.utils.argparse_utils", "vllm.utils"),

@@ -165,3 +165,45 @@ def teacher_forced_gaps(
             behind = reference.max(dim=-1).values - chosen
             gaps.append(float(torch.maximum(off, behind).max()))
     return gaps
+
+
+def write_lora_adapter(directory: str, base: str, seed: int = 0, rank: int = 8, std: float = 0.3) -> str:
+    """A PEFT-format LoRA adapter (adapter_config.json + adapter_model.safetensors, written by hand: no peft needed) on
+    q/k/v/o of every layer of the checkpoint at `base` (a Llama-like config), random N(0, std) A and B; returns it."""
+    import torch
+    from safetensors.torch import save_file
+
+    with open(os.path.join(base, "config.json")) as f:
+        config = json.load(f)
+    hidden = config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    shapes = {  # (out, in) of each projection
+        "q_proj": (config["num_attention_heads"] * head_dim, hidden),
+        "k_proj": (config["num_key_value_heads"] * head_dim, hidden),
+        "v_proj": (config["num_key_value_heads"] * head_dim, hidden),
+        "o_proj": (hidden, config["num_attention_heads"] * head_dim),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for module, (out, inp) in shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, inp, generator=generator) * std
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank, generator=generator) * std
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(shapes),
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+    }
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(adapter_config, f)
+    return str(directory)
