@@ -16,4 +16,6 @@ VLLM = VLLM_VERIFIED  # a quirk declaring only `VERSIONS = VLLM`: bug range and 
 TORCH_CP_SINCE = ">=2.6"
 TORCH_CP_VERIFIED = ">=2.6,<2.16"
 TORCH_CP = TORCH_CP_VERIFIED  # as VLLM
-TRANSFORMERS_CP = ">=4.51,<6"  # transformers' Gemma-3 and flash-attention code paths guarded under CP
+# transformers' Gemma-3 and flash-attention code paths guarded under CP: from 4.51 on; verified on 4.51 - 5.x.
+TRANSFORMERS_CP_SINCE = ">=4.51"
+TRANSFORMERS_CP = ">=4.51,<6"
