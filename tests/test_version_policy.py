@@ -2,7 +2,8 @@
 (tests/relabel.py: the same code under a higher number, in a venv of links). The fixes act there when their own
 checks of what they touch pass, each saying once that the release is newer than those verified; a fix whose part is
 gone skips naming it while the others act; strict mode refuses only that skip. The README's main job on it: OK under
-the shim, MISMATCH without. Engines only where the CPU build is installed (REAL_ENGINE); ~3.5 min on 2 cores."""
+the shim, MISMATCH without. Engines only where the CPU build is installed (REAL_ENGINE). Measured on a shared 2-core machine (load ~4,
+2026-12-03): 9 min for the file, 4.6 of them the three main-job runs (test_main_job.py's four took 4.7 there)."""
 
 import re
 
