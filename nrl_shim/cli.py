@@ -53,8 +53,14 @@ def _env_activation_status():
     return {"pth": pth, "working": working, "detail": detail}
 
 
-# Doctor's states for a fix: what a user needs to know before launching.
+# Doctor's states for a fix: what a user needs to know before launching. `applies`: acts, on a verified release;
+# `unverified`: acts, on a release newer than those verified (its checks of what it touches passed); `skipped`: on such
+# a release, something it needs is missing; `out-of-range`: below the releases it supports (skipped); `fixed-upstream`:
+# the installed release has upstream's fix (nothing to do).
 APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
+UNVERIFIED, SKIPPED, FIXED_UPSTREAM = "unverified", "skipped", "fixed-upstream"
+ACTS = (APPLIES, UNVERIFIED)
+SHOWN = {APPLIES: "acts, verified", UNVERIFIED: "acts, unverified", SKIPPED: "skipped"}  # the rest as they are
 EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
 
 
@@ -74,13 +80,46 @@ def _quirk_entry(quirk, settings):
         return entry
     applies, version, reason = quirk.gate()
     if not applies:
-        entry["status"], entry["reason"] = (NOT_INSTALLED if version is None else OUT_OF_RANGE), reason
+        state = (FIXED_UPSTREAM if quirk.fixed_upstream() else NOT_INSTALLED) if version is None else OUT_OF_RANGE
+        entry["status"], entry["reason"] = state, reason
         return entry
+    unverified = quirk.unverified()
+    if unverified:
+        missing = _missing(quirk)
+        if missing:
+            entry["status"], entry["reason"] = SKIPPED, f"{unverified}; missing: {'; '.join(missing)}"
+            return entry
+        checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared"
+        entry["status"], entry["reason"] = UNVERIFIED, f"{unverified}; {checked}"
+        return entry
+    verified = [
+        f"{lib}{spec}"
+        for lib, spec in quirk.verified.items()
+        if spec != {quirk.library: quirk.versions, **quirk.also_requires}.get(lib)
+    ]
+    if verified:
+        reason += f"; verified on {', '.join(verified)}"
     idle = quirk.idle(settings, version) if settings is not None and quirk.idle else None
     entry["status"], entry["reason"] = (IDLE, f"{reason}; nothing to do: {idle}") if idle else (APPLIES, reason)
     if not idle and settings is not None and quirk.describe:
         entry["detail"] = quirk.describe(settings, version)
     return entry
+
+
+def _missing(quirk):
+    """What a fix on an unverified release lacks: REQUIRES checked on the modules it names, imported here (doctor
+    imports them; a job checks each when it is imported)."""
+    import importlib
+
+    missing = []
+    for name in dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires):
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # gone or broken on this release: that is what is missing
+            missing.append(f"module {name} ({type(exc).__name__}: {exc})")
+            continue
+        missing.extend(quirk.missing(module))
+    return missing
 
 
 def doctor(as_json=False, strict=False):
@@ -105,7 +144,7 @@ def doctor(as_json=False, strict=False):
     report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
     if report["settings_error"] is not None or not report["env_activation"]["working"]:
         status = EXIT_UNUSABLE
-    elif strict and any(q["status"] == OUT_OF_RANGE for q in report["quirks"]):
+    elif strict and any(q["status"] in (OUT_OF_RANGE, SKIPPED) for q in report["quirks"]):
         status = EXIT_STRICT
     else:
         status = EXIT_OK
@@ -142,9 +181,9 @@ def _print_doctor(report, strict=False):
             print(f"  {name}={value}")
     print("fixes:")
     width = max(len(q["id"]) for q in report["quirks"])
-    state_width = max(len(q["status"]) for q in report["quirks"])
+    state_width = max(len(SHOWN.get(q["status"], q["status"])) for q in report["quirks"])
     for q in report["quirks"]:
-        print(f"  {q['id']:<{width}}  {q['status']:<{state_width}}  {q['reason']}")
+        print(f"  {q['id']:<{width}}  {SHOWN.get(q['status'], q['status']):<{state_width}}  {q['reason']}")
         if q.get("detail"):
             print(f"  {'':<{width}}  {'':<{state_width}}  {q['detail']}")
         if q.get("from"):
@@ -155,13 +194,27 @@ def _print_doctor(report, strict=False):
     if status == EXIT_UNUSABLE:
         print("verdict: NOT ready (exit 1): fix the settings or the install above")
     elif status == EXIT_STRICT:
-        print("verdict: a fix would be skipped for its version (exit 3, --strict)")
+        why = "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
+        print(f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}")
     else:
-        skipped = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
+        old = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
+        lacking = [q["id"] for q in report["quirks"] if q["status"] == SKIPPED]
         print(
-            "verdict: ready"
-            + (f"; skipped for their version: {', '.join(skipped)} (--strict makes that exit 3)" if skipped else "")
+            f"verdict: ready; {_tally(report['quirks'])}"
+            + (f"; skipped for their version: {', '.join(old)}" if old else "")
+            + (f"; skipped for what they lack: {', '.join(lacking)}" if lacking else "")
+            + (" (--strict makes that exit 3)" if old or lacking else "")
         )
+
+
+def _tally(quirks):
+    """How many fixes act here, in one phrase: the verdict's first words."""
+    acts = [q for q in quirks if q["status"] in ACTS]
+    unverified = sum(q["status"] == UNVERIFIED for q in acts)
+    text = f"{len(acts)} of {len(quirks)} fixes act"
+    if unverified:
+        text += f" ({unverified} on a release newer than those verified)"
+    return text
 
 
 def run(command):

@@ -50,8 +50,13 @@ def _default_text(variable: Variable) -> str:
 
 
 def _applies_to(quirk: Quirk) -> str:
-    ranges = [f"{quirk.library} `{quirk.versions}`"] + [f"{lib} `{v}`" for lib, v in quirk.also_requires.items()]
-    return ", ".join(ranges)
+    """Each library's bug range, its verified releases where they differ, and the upstream fix that ends the range."""
+    ranges = []
+    for lib, versions in {quirk.library: quirk.versions, **quirk.also_requires}.items():
+        verified = quirk.verified.get(lib, versions)
+        ranges.append(f"{lib} `{versions}`" + (f" (verified `{verified}`)" if verified != versions else ""))
+    fixed = f"; fixed upstream: {quirk.fixed_by}" if quirk.fixed_by and quirk.fixed_by != quirk.link else ""
+    return ", ".join(ranges) + fixed
 
 
 def variables_table() -> str:
@@ -63,7 +68,7 @@ def variables_table() -> str:
 
 def quirks_table() -> str:
     """Every registered quirk, each id linking to its section of docs/quirks.md: README.md."""
-    lines = ["| id | what | applies to | upstream |", "|---|---|---|---|"]
+    lines = ["| id | what | bug in (verified on) | upstream |", "|---|---|---|---|"]
     lines += [
         f"| [`{q.id}`](docs/quirks.md#{q.id}) | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in builtin_quirks()
     ]

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 VARIABLE = "NRL_SHIM_REPORT_DIR"
 KV_NAMESPACE = "nrl_shim_report"
-KINDS = ("changed", "unchanged", "skipped", "warning", "error", "info")
+KINDS = ("changed", "unchanged", "skipped", "unverified", "warning", "error", "info")
+UNVERIFIED = "] acts on an unverified release: "  # activation's line for a fix acting on a release newer than verified
 
 
 def directory_from_env() -> str | None:
@@ -45,6 +46,8 @@ def kind_of(level: int, message: str) -> str:
     and activation's `fix skipped`."""
     if "] fix skipped: " in message:
         return "skipped"
+    if UNVERIFIED in message:
+        return "unverified"
     if level >= logging.ERROR:
         return "error"
     if ": nothing to change" in message:
@@ -344,16 +347,21 @@ def table(directory: str, processes: list[dict], problems: list[str]) -> str:
     ]
     for quirk, kinds in sorted(summarize(processes).items()):
         parts = []
-        for kind in ("changed", "error", "warning", "skipped"):
+        for kind in ("changed", "unverified", "error", "warning", "skipped"):
             entries = kinds.get(kind, [])
             if not entries:
                 continue
             places = ", ".join(where(p) for p, _ in entries[:3]) + (
                 f", +{len(entries) - 3}" if len(entries) > 3 else ""
             )
-            label = {"skipped": "skipped in", "warning": "warned in", "error": "ERROR in"}.get(kind, "changed in")
+            label = {
+                "skipped": "skipped in",
+                "warning": "warned in",
+                "error": "ERROR in",
+                "unverified": "acts unverified in",
+            }.get(kind, "changed in")
             detail = ""
-            if kind in ("skipped", "error", "warning"):
+            if kind in ("skipped", "error", "warning", "unverified"):
                 detail = ": " + entries[0][1].split("] ", 1)[-1][:160]
             parts.append(f"{label} {len(entries)}: {places}{detail}")
         idle = len(kinds.get("unchanged", []))

@@ -4,7 +4,22 @@ knows another.
 
 A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk API, the same for plugins):
     ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE; the entry point's name), one line, upstream link
-    LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases it applies to
+    LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases where its bug exists
+                               and the fix can act: a lower bound; an upper bound only where upstream fixed the bug
+                               (then FIXED_BY). Below the range the fix is skipped with one warning (strict: an error)
+    FIXED_BY                -- optional, with an upper bound in VERSIONS: the upstream change that fixed the bug (a PR
+                               link). At or above that bound the fix is not applicable (nothing to fix: no warning)
+    VERIFIED                -- optional: the releases it was verified on (tests, or the wheels' source read): a
+                               specifier for LIBRARY, or {distribution: specifier} for LIBRARY and ALSO_REQUIRES' ones.
+                               Absent: the bug range itself (a module without it behaves as before VERIFIED existed:
+                               outside VERSIONS skipped). In VERSIONS but outside VERIFIED (a release newer than those
+                               verified) the fix acts when REQUIRES/check() pass, and says so once per process, one
+                               line; when they fail it is skipped with one warning naming what is missing
+    REQUIRES                -- optional: what the fix touches, as "module:Attr.path" or "module:Attr.path(a, b)" (the
+                               callable's first parameters after self, by name); `module` is one of TARGETS, checked
+                               on that module right after it executed, before patch(), on unverified releases only
+    check(module) -> str|None -- optional: further checks of a target module on unverified releases (e.g. a marker in
+                               its source); returns what is missing, or None
     SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable, parsed by one of the parsers
                                in nrl_shim.settings); validated and documented centrally with the core's
                                (registry.variables())
@@ -60,7 +75,22 @@ BUILTIN = "nrl-shim"  # the distribution the built-in quirks (nrl_shim/_quirk_in
 
 # What only the module has: read on first access, which imports it. Set one before that and it stays (tests do).
 _FROM_MODULE = frozenset(
-    ("module", "summary", "link", "library", "versions", "also_requires", "setup", "describe", "idle", "_handlers")
+    (
+        "module",
+        "summary",
+        "link",
+        "library",
+        "versions",
+        "also_requires",
+        "fixed_by",
+        "verified",
+        "requires",
+        "check",
+        "setup",
+        "describe",
+        "idle",
+        "_handlers",
+    )
 )
 
 
@@ -82,6 +112,10 @@ class Quirk:
     library: str
     versions: str
     also_requires: "dict[str, str]"
+    fixed_by: "str | None"
+    verified: "dict[str, str]"  # distribution -> specifier of the releases verified (LIBRARY's and ALSO_REQUIRES')
+    requires: "tuple[str, ...]"
+    check: "Callable[[ModuleType], str | None] | None"
     setup: "Callable[[Settings], None] | None"
     describe: "Callable[[Settings, str | None], str] | None"
     idle: "Callable[[Settings, str | None], str | None] | None"
@@ -141,6 +175,10 @@ class Quirk:
             ("library", module.LIBRARY),
             ("versions", module.VERSIONS),
             ("also_requires", dict(getattr(module, "ALSO_REQUIRES", {}))),
+            ("fixed_by", getattr(module, "FIXED_BY", None)),
+            ("verified", _verified(module)),
+            ("requires", tuple(getattr(module, "REQUIRES", ()))),
+            ("check", getattr(module, "check", None)),
             ("setup", getattr(module, "setup", None)),
             ("describe", getattr(module, "describe", None)),
             ("idle", getattr(module, "idle", None)),
@@ -172,7 +210,11 @@ class Quirk:
 
     def gate(self) -> "tuple[bool, str | None, str]":
         """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed
-        at all (nothing to fix then). Imports importlib.metadata/packaging: call lazily."""
+        at all, or LIBRARY's release has the upstream fix (FIXED_BY): nothing to fix then. Imports
+        importlib.metadata/packaging: call lazily."""
+        fixed = self.fixed_upstream()
+        if fixed:
+            return False, None, fixed
         applies, installed, reason = _check(self.library, self.versions)
         for library, versions in self.also_requires.items():
             if not applies:
@@ -182,6 +224,100 @@ class Quirk:
                 return False, installed if other is not None else None, why
             reason += f"; {why}"
         return applies, installed, reason
+
+    def fixed_upstream(self) -> "str | None":
+        """Why there is nothing to fix when LIBRARY's release is at or past VERSIONS' upper bound and FIXED_BY names
+        the upstream fix; else None."""
+        if not self.fixed_by:
+            return None
+        from .libraries import find
+
+        found = find(self.library)
+        bound = _above(found.version, self.versions)
+        if bound is None:
+            return None
+        return f"{found.describe()} has the upstream fix (from {bound}: {self.fixed_by}); nothing to fix"
+
+    def unverified(self) -> "str | None":
+        """One line when a library this fix applies to is installed in a release outside VERIFIED (which release,
+        which were verified); None on verified releases. Call only once gate() said the fix applies."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        from .libraries import find
+
+        out = []
+        for library, verified in self.verified.items():
+            found = find(library)
+            if found.version is None or SpecifierSet(verified).contains(Version(found.version), prereleases=True):
+                continue
+            newer = "newer than" if _above(found.version, verified) else "outside"
+            out.append(f"{found.describe()} is {newer} the releases it was verified on ({library}{verified})")
+        return "; ".join(out) or None
+
+    def missing(self, module: "ModuleType") -> "list[str]":
+        """What REQUIRES names in target `module` (and its check()) that is not there; [] when all is."""
+        missing = [
+            entry for entry in self.requires if entry.partition(":")[0] == module.__name__ and not _has(module, entry)
+        ]
+        if self.check is not None:
+            try:
+                found = self.check(module)
+            except Exception as exc:  # a check that fails says what it could not read
+                found = f"its check of {module.__name__} failed: {type(exc).__name__}: {exc}"
+            if found:
+                missing.append(found)
+        return missing
+
+
+def _verified(module: "ModuleType") -> "dict[str, str]":
+    ranges = {module.LIBRARY: module.VERSIONS, **dict(getattr(module, "ALSO_REQUIRES", {}))}
+    verified = getattr(module, "VERIFIED", None)
+    if verified is None:
+        return ranges  # verified where it applies: no release is unverified (outside VERSIONS it is skipped)
+    if isinstance(verified, str):
+        verified = {module.LIBRARY: verified}
+    return {**ranges, **dict(verified)}
+
+
+def _above(installed: "str | None", versions: str) -> "str | None":
+    """The upper bound of `versions` that `installed` is at or past (`<X`/`<=X`), or None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if installed is None:
+        return None
+    try:
+        version = Version(installed)
+    except InvalidVersion:
+        return None
+    for spec in SpecifierSet(versions):
+        bound = Version(spec.version.rstrip(".*"))
+        if (spec.operator == "<" and version >= bound) or (spec.operator == "<=" and version > bound):
+            return spec.version
+    return None
+
+
+def _has(module: "ModuleType", entry: str) -> bool:
+    """Whether REQUIRES entry "module:Attr.path" or "module:Attr.path(a, b)" holds in `module`."""
+    path, _, params = entry.partition(":")[2].partition("(")
+    target: object = module
+    for part in path.split("."):
+        if not hasattr(target, part):
+            return False
+        target = getattr(target, part)
+    if not params:
+        return True
+    import inspect
+
+    wanted = [name.strip() for name in params.rstrip(")").split(",") if name.strip()]
+    if not callable(target):
+        return False
+    try:
+        names = [p for p in inspect.signature(target).parameters if p not in ("self", "cls")]
+    except (TypeError, ValueError):
+        return False
+    return names[: len(wanted)] == wanted
 
 
 def _check(library: str, versions: str) -> "tuple[bool, str | None, str]":

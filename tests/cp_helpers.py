@@ -17,7 +17,7 @@ TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
 # --------------------------------------------------------------------------------------------------- parent side
-def run_ranks(child, world_size, env=None, timeout=300):
+def run_ranks(child, world_size, env=None, timeout=300, python=None):
     from conftest import child_env, child_path
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -34,7 +34,7 @@ def run_ranks(child, world_size, env=None, timeout=300):
             proc_env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR, proc_env["PYTHONPATH"]])
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, child_path(child)],
+                    [python or sys.executable, child_path(child)],
                     env=proc_env,
                     text=True,
                     stdout=subprocess.PIPE,
@@ -199,9 +199,11 @@ def phases(run_case_set):
     return results
 
 
-def run(child, world_size, phases_, start_disabled=""):
-    """Parent side: run_ranks with the phases list; the process starts with NRL_SHIM_DISABLE=start_disabled."""
-    return run_ranks(child, world_size, env={"CP_TEST_PHASES": json.dumps(phases_), "NRL_SHIM_DISABLE": start_disabled})
+def run(child, world_size, phases_, start_disabled="", python=None):
+    """Parent side: run_ranks with the phases list; the process starts with NRL_SHIM_DISABLE=start_disabled (in
+    `python`, default this interpreter)."""
+    env = {"CP_TEST_PHASES": json.dumps(phases_), "NRL_SHIM_DISABLE": start_disabled}
+    return run_ranks(child, world_size, env=env, python=python)
 
 
 # Errors torch itself raises for SDPA under CP on CPU (no CP handler for the CPU kernels): the spec's "sharding

@@ -77,9 +77,11 @@ def test_without_the_shim_queues_die_with_eaddrinuse_with_it_all_bind_in_the_ban
 
 @pytest.mark.skipif(affected(AFFECTED), reason=f"vLLM {VLLM_VERSION} has the race: the race test covers it")
 def test_idle_where_fixed_upstream():
-    out, _ = run_child_json("quirk_lines", MODULE, env={"NRL_SHIM_LOG_LEVEL": "INFO"})
+    # VERSIONS ends where vLLM's fix begins (FIXED_BY): not applicable there, one DEBUG line and nothing patched.
+    out, _ = run_child_json("quirk_lines", MODULE, env={"NRL_SHIM_LOG_LEVEL": "DEBUG"})
     mine = [line for line in out["lines"] if f"[{ID}]" in line]
-    assert len(mine) == 1 and "nothing to change" in mine[0] and "fixed upstream" in mine[0], mine
+    assert len(mine) == 1 and "not applicable" in mine[0] and "has the upstream fix" in mine[0], mine
+    assert not [pair for pair in out["patched"] if pair[0] == ID], out["patched"]
 
 
 @needs_affected

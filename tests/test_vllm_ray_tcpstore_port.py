@@ -65,9 +65,11 @@ def test_without_the_shim_the_tcpstore_loses_its_port_to_the_queue_with_it_both_
 
 @pytest.mark.skipif(affected(AFFECTED), reason=f"vLLM {VLLM_VERSION} has the collision: the test above covers it")
 def test_idle_where_changed_upstream():
-    out, _ = run_child_json("quirk_lines", MODULE, env={"NRL_SHIM_LOG_LEVEL": "INFO"})
+    # VERSIONS ends where vLLM's change begins (FIXED_BY): not applicable there, nothing patched, no warning.
+    out, _ = run_child_json("quirk_lines", MODULE, env={"NRL_SHIM_LOG_LEVEL": "DEBUG"})
     mine = [line for line in out["lines"] if f"[{ID}]" in line]
-    assert len(mine) <= 1 and all("nothing to change" in line for line in mine), mine
+    assert all("not applicable" in line and "has the upstream fix" in line for line in mine), mine
+    assert not [pair for pair in out["patched"] if pair[0] == ID], out["patched"]
 
 
 @needs_affected

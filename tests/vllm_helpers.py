@@ -111,15 +111,17 @@ def fake_hub_cache(root, kind="gemma3_text", repo_id=HUB_ID, commit=HUB_COMMIT, 
     return str(root)
 
 
-def run_main_job(tmp_path, shim, *args, env=None, example="grpo_tiny.py", record=None):
+def run_main_job(tmp_path, shim, *args, env=None, example="grpo_tiny.py", record=None, python=None):
     """README's main-job command as a user types it (from the repository root): `nrl-shim run -- python
-    examples/grpo_tiny.py ARGS` (or another example), or plain python. Returns the process and token_mult_prob_error
-    per step; `record` (a dict), if given, receives the run's whole --json record."""
+    examples/grpo_tiny.py ARGS` (or another example), or plain python (`python`: another venv's, default this one's).
+    Returns the process and token_mult_prob_error per step; `record` (a dict), if given, receives the run's whole
+    --json record."""
     example = os.path.join(os.path.dirname(TESTS_DIR), "examples", example)
     steps_file = tmp_path / f"steps-{'shim' if shim else 'plain'}-{len(list(tmp_path.iterdir()))}.json"
-    command = [sys.executable, example, "--json", str(steps_file), *args]
+    python = python or sys.executable
+    command = [python, example, "--json", str(steps_file), *args]
     if shim:
-        command = [os.path.join(os.path.dirname(sys.executable), "nrl-shim"), "run", "--", *command]
+        command = [os.path.join(os.path.dirname(python), "nrl-shim"), "run", "--", *command]
     proc = subprocess.run(command, env=child_env(env), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     data = json.loads(steps_file.read_text()) if steps_file.exists() else {"steps": []}
     if record is not None:

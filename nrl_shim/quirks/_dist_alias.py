@@ -38,7 +38,7 @@ def _provider(state):
     return state.answer
 
 
-def answer(finder, context, state, quirk_id, link, versions):
+def answer(finder, context, state, quirk_id, link, versions, verified=None):
     """The alias for a lookup by name of `vllm` (a list of one distribution), or [] (see vllm_dist_alias)."""
     from .. import report
 
@@ -66,6 +66,13 @@ def answer(finder, context, state, quirk_id, link, versions):
             )
         report.warn_once(quirk_id, "range", message)
         return []
+    if verified is not None and not SpecifierSet(verified).contains(Version(found.version), prereleases=True):
+        report.warn_once(
+            quirk_id,
+            "unverified",
+            f"[{quirk_id}] acts on an unverified release: {found.describe()} is newer than the releases it was "
+            f"verified on (vllm{verified}); no names declared to check",
+        )
     from importlib.metadata import Distribution
 
     real = next(iter(Distribution.discover(name=distribution, path=list(getattr(context, "path", sys.path)))), None)

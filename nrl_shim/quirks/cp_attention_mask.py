@@ -5,14 +5,15 @@ one rank, runs without complaint. While a CP context is active, the SDPA that CP
 with an attn_mask raises one clear error first; calls without a mask go to CP's function unchanged.
 """
 
-from . import TORCH_CP
+from . import TORCH_CP_SINCE, TORCH_CP_VERIFIED
 from ._torch_cp import cp_targets
 
 ID = "cp-attention-mask"
 SUMMARY = "inside context_parallel: SDPA called with an attn_mask raises a clear error (torch CP supports no mask/bias)"
 LINK = "https://github.com/pytorch/pytorch/blob/134179474539648ba7dee1317959529fbd0e7f89/torch/distributed/tensor/experimental/_attention.py#L262"
 LIBRARY = "torch"
-VERSIONS = TORCH_CP
+VERSIONS, VERIFIED = TORCH_CP_SINCE, TORCH_CP_VERIFIED
+REQUIRES = ("torch.distributed.tensor.experimental._context_parallel._attention:context_parallel(mesh)",)
 
 _SDPA = "scaled_dot_product_attention"
 

@@ -7,15 +7,20 @@ flash kernel is needed. Every flash variant of transformers goes through `_flash
 
 import sys
 
-from . import TORCH_CP, TRANSFORMERS_CP
+from . import TORCH_CP_SINCE, TORCH_CP_VERIFIED, TRANSFORMERS_CP, TRANSFORMERS_CP_SINCE
 from ._torch_cp import cp_targets
 
 ID = "cp-flash-attention"
 SUMMARY = "inside context_parallel: transformers' flash_attention_2 path (sequence packing) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = TRANSFORMERS_CP
-ALSO_REQUIRES = {"torch": TORCH_CP}  # the guard acts through torch's context_parallel
+VERSIONS = TRANSFORMERS_CP_SINCE
+ALSO_REQUIRES = {"torch": TORCH_CP_SINCE}  # the guard acts through torch's context_parallel
+VERIFIED = {"transformers": TRANSFORMERS_CP, "torch": TORCH_CP_VERIFIED}
+REQUIRES = (
+    "torch.distributed.tensor.experimental._context_parallel._attention:context_parallel(mesh)",
+    "transformers.modeling_flash_attention_utils:_flash_attention_forward",
+)
 _UTILS = "transformers.modeling_flash_attention_utils"
 _NAME = "_flash_attention_forward"
 

@@ -3,7 +3,7 @@ the sequence is longer than the window, and torch's CP supports SDPA only withou
 A Gemma-3 forward started inside a CP context raises one clear error before any attention runs.
 """
 
-from . import TORCH_CP, TRANSFORMERS_CP
+from . import TORCH_CP_SINCE, TORCH_CP_VERIFIED, TRANSFORMERS_CP, TRANSFORMERS_CP_SINCE
 from ._torch_cp import cp_targets
 
 ID = "cp-gemma3"
@@ -12,8 +12,13 @@ SUMMARY = (
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#context-parallel-with-fsdp2"
 LIBRARY = "transformers"
-VERSIONS = TRANSFORMERS_CP
-ALSO_REQUIRES = {"torch": TORCH_CP}  # the guard acts through torch's context_parallel
+VERSIONS = TRANSFORMERS_CP_SINCE
+ALSO_REQUIRES = {"torch": TORCH_CP_SINCE}  # the guard acts through torch's context_parallel
+VERIFIED = {"transformers": TRANSFORMERS_CP, "torch": TORCH_CP_VERIFIED}
+REQUIRES = (
+    "torch.distributed.tensor.experimental._context_parallel._attention:context_parallel(mesh)",
+    "transformers.models.gemma3.modeling_gemma3:Gemma3ForCausalLM.forward",
+)
 _MODELING = "transformers.models.gemma3.modeling_gemma3"
 _REQUIRED = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 _OPTIONAL = ("Gemma3TextModel", "Gemma3Model")  # the bare models (AutoModel, sequence classification heads)

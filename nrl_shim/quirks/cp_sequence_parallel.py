@@ -6,14 +6,18 @@ raises one clear error before torch shards any buffer, and so does applying SP i
 
 import sys
 
-from . import TORCH_CP
+from . import TORCH_CP_SINCE, TORCH_CP_VERIFIED
 from ._torch_cp import cp_targets
 
 ID = "cp-sequence-parallel"
 SUMMARY = "context_parallel after parallelize_module applied SequenceParallel (or the reverse) raises a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/659"
 LIBRARY = "torch"
-VERSIONS = TORCH_CP
+VERSIONS, VERIFIED = TORCH_CP_SINCE, TORCH_CP_VERIFIED
+REQUIRES = (
+    "torch.distributed.tensor.experimental._context_parallel._attention:context_parallel(mesh)",
+    "torch.distributed.tensor.parallel.api:parallelize_module(module, device_mesh, parallelize_plan)",
+)
 _API = "torch.distributed.tensor.parallel.api"
 _PACKAGE = "torch.distributed.tensor.parallel"  # re-exports parallelize_module
 

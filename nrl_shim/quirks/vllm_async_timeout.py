@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..settings import Variable, parse_seconds
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ ID = "vllm-async-timeout"
 SUMMARY = "AsyncLLM.generate: each wait for the next output bounded by NRL_VLLM_ASYNC_TIMEOUT_SECONDS; abort + error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-async-rollout-timeout"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = ("vllm.v1.engine.async_llm:AsyncLLM.generate(prompt, sampling_params, request_id)",)
 TARGETS = ("vllm.v1.engine.async_llm",)
 SETTINGS = (
     Variable(

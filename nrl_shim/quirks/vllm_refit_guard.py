@@ -17,7 +17,7 @@ route counts, buffers and tied weights included. A guarded tensor whose samples 
 written by no refit and is reported once; when nothing is left to guard, the guard removes itself.
 """
 
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -28,7 +28,11 @@ ID = "vllm-refit-guard"
 SUMMARY = "Dummy-init models: at the first generation step after a refit, report tensors no refit wrote"
 LINK = "https://github.com/vllm-project/vllm/pull/19788"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_model",
+    "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_weights",
+)
 # DummyModelLoader lives in model_loader/loader.py on 0.8.x and in model_loader/dummy_loader.py from 0.9.
 TARGETS = ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader")
 

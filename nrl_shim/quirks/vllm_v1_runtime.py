@@ -18,13 +18,17 @@
 import os
 
 from ..settings import Variable, parse_bool
-from . import VLLM
+from . import VLLM_SINCE, VLLM_VERIFIED
 
 ID = "vllm-v1-runtime"
 SUMMARY = "NRL_VLLM_USE_V1 sets VLLM_USE_V1 (vLLM <= 0.11.0); V0 where vLLM has none fails with a clear error"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-v1-runtime"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+REQUIRES = (
+    "vllm.engine.arg_utils:EngineArgs.create_engine_config",
+    "vllm.v1.engine.async_llm:AsyncLLM.__init__",
+)
 EXPLAIN_ENV = ("VLLM_USE_V1",)  # environment variables this fix sets (for `nrl-shim explain`)
 SETTINGS = (
     Variable(

@@ -20,7 +20,7 @@ quirks, since importing the libraries is most of the cost):
 - setup() (where a quirk has one): what it installs is there once however often activation runs, and gone after
   deactivation;
 - the declarations the core and the docs need (id shape, SUMMARY, an https LINK, LIBRARY/VERSIONS that `packaging`
-  reads, NRL_* settings with their texts), and no setting declared twice.
+  reads, VERIFIED/REQUIRES/FIXED_BY well formed, NRL_* settings with their texts), and no setting declared twice.
 A quirk whose library is absent or outside VERSIONS here is skipped with the reason. The plugin module is found in the
 children through its entry point when the package is installed, else through NRL_SHIM_PLUGINS (set here).
 """
@@ -132,6 +132,22 @@ class QuirkContract:
         assert quirk.library and SpecifierSet(quirk.versions) is not None
         for library, versions in quirk.also_requires.items():
             assert library and SpecifierSet(versions) is not None
+        # The version declaration (registry.py): VERIFIED per library it gates on; REQUIRES names its own targets;
+        # with VERIFIED declared apart, an upper bound in VERSIONS is upstream's fix, so FIXED_BY says which.
+        libraries = {quirk.library, *quirk.also_requires}
+        assert set(quirk.verified) <= libraries, f"{quirk.id}: VERIFIED names {set(quirk.verified) - libraries}"
+        assert all(SpecifierSet(v) is not None for v in quirk.verified.values())
+        for entry in quirk.requires:
+            assert re.fullmatch(r"[\w.]+:[\w.]+(\([\w, ]*\))?", entry), f"{quirk.id}: REQUIRES entry {entry!r}"
+            assert entry.partition(":")[0] in quirk.targets, f"{quirk.id}: {entry!r} is not in one of its TARGETS"
+        declared_apart = "VERIFIED" in vars(quirk.module)
+        upper = any(spec.operator in ("<", "<=") for spec in SpecifierSet(quirk.versions))
+        if declared_apart and upper:
+            assert quirk.fixed_by, (
+                f"{quirk.id}: VERSIONS {quirk.versions} has an upper bound: FIXED_BY says what fixed it"
+            )
+        if quirk.fixed_by:
+            assert upper, f"{quirk.id}: FIXED_BY without an upper bound in VERSIONS"
         for variable in quirk.settings:
             assert variable.name.startswith("NRL_") and variable.accepted and variable.meaning
         names = [v.name for q in registry.quirks() for v in q.settings if q.id != quirk.id]

@@ -1,0 +1,181 @@
+"""The version declaration of a fix (registry.py): where its bug exists (VERSIONS, FIXED_BY), where it was verified
+(VERIFIED), what it touches (REQUIRES, check()); and what activation, doctor and the job report make of it. No vLLM
+or torch: the library a test quirk is about is `packaging` (installed wherever nrl-shim is), its release compared
+with ranges drawn around the installed one. tests/test_version_policy.py does it on real vLLM and torch releases."""
+
+import logging
+import types
+
+import pytest
+from packaging.version import Version
+
+from nrl_shim import activation, cli, job_report, registry
+from nrl_shim.libraries import find
+
+INSTALLED = Version(find("packaging").version)
+BELOW, ABOVE = f"{INSTALLED.major}", f"{INSTALLED.major + 1}"  # an upper bound the installed release is past / under
+
+
+def quirk_module(**declared):
+    module = types.ModuleType("version_declarations_quirk")
+    module.__dict__.update(
+        ID="test-versions",
+        SUMMARY="a test quirk",
+        LINK="https://example.invalid/fix",
+        LIBRARY="packaging",
+        VERSIONS=">=1",
+        TARGETS=("target_module",),
+        patch=lambda module, settings: setattr(module, "patched", True),
+        unpatch=lambda module: vars(module).pop("patched", None),
+    )
+    module.__dict__.update(declared)
+    return module
+
+
+def target(**names):
+    module = types.ModuleType("target_module")
+    module.__dict__.update(names)
+    return module
+
+
+def test_a_module_with_only_versions_is_verified_where_it_applies():
+    # The declaration before VERIFIED existed (and other packages' quirks): bug range = verified range.
+    quirk = registry.Quirk(quirk_module(VERSIONS=f"<{ABOVE}"))
+    assert quirk.verified == {"packaging": f"<{ABOVE}"} and quirk.gate()[0] is True
+    assert quirk.unverified() is None and quirk.requires == () and quirk.fixed_by is None
+    outside = registry.Quirk(quirk_module(VERSIONS=f"<{BELOW}"))  # past its range: skipped, as before
+    applies, version, reason = outside.gate()
+    assert not applies and version == str(INSTALLED) and "outside the supported range" in reason
+
+
+def test_a_release_newer_than_verified_is_named_with_what_was_verified():
+    quirk = registry.Quirk(quirk_module(VERIFIED=f">=1,<{BELOW}"))
+    assert quirk.gate()[0] is True
+    assert quirk.unverified() == (
+        f"packaging {INSTALLED} is newer than the releases it was verified on (packaging>=1,<{BELOW})"
+    )
+    # VERIFIED as a mapping covers ALSO_REQUIRES' libraries too; each unverified one is named.
+    both = registry.Quirk(
+        quirk_module(ALSO_REQUIRES={"wrapt": ">=1"}, VERIFIED={"packaging": f"<{ABOVE}", "wrapt": "<1"})
+    )
+    assert both.verified == {"packaging": f"<{ABOVE}", "wrapt": "<1"}
+    assert both.unverified().startswith("wrapt ") and "(wrapt<1)" in both.unverified()
+
+
+def test_past_the_upstream_fix_there_is_nothing_to_fix():
+    quirk = registry.Quirk(quirk_module(VERSIONS=f">=1,<{BELOW}", FIXED_BY="https://example.invalid/pr/1"))
+    applies, version, reason = quirk.gate()
+    assert (applies, version) == (False, None)  # as for a library not installed: no warning, never a strict error
+    assert (
+        reason
+        == f"packaging {INSTALLED} has the upstream fix (from {BELOW}: https://example.invalid/pr/1); nothing to fix"
+    )
+    assert registry.Quirk(quirk_module(VERSIONS=f">=1,<{ABOVE}", FIXED_BY="x")).gate()[0] is True
+
+
+class Engine:
+    def generate(self, prompt, params, request_id, *, extra=None):
+        pass
+
+
+def test_requires_names_what_is_missing_exactly():
+    quirk = registry.Quirk(
+        quirk_module(
+            REQUIRES=(
+                "target_module:Engine.generate(prompt, params, request_id)",
+                "target_module:Engine.reset",
+                "target_module:helper",
+                "other_module:Anything",  # another target's: checked when that one is imported
+            )
+        )
+    )
+    assert quirk.missing(target(Engine=Engine, helper=len)) == ["target_module:Engine.reset"]
+    assert quirk.missing(target()) == [
+        "target_module:Engine.generate(prompt, params, request_id)",
+        "target_module:Engine.reset",
+        "target_module:helper",
+    ]
+    renamed = type("Engine", (), {"generate": lambda self, prompt, sampling_params, request_id: None, "reset": None})
+    assert quirk.missing(target(Engine=renamed, helper=len)) == [
+        "target_module:Engine.generate(prompt, params, request_id)"
+    ]
+
+
+def test_check_hook_adds_what_it_found_missing_and_a_failing_check_says_so():
+    def check(module):
+        return None if hasattr(module, "marker") else "the marker in target_module"
+
+    quirk = registry.Quirk(quirk_module(check=check))
+    assert quirk.missing(target(marker=1)) == []
+    assert quirk.missing(target()) == ["the marker in target_module"]
+    broken = registry.Quirk(quirk_module(check=lambda module: 1 / 0))
+    assert broken.missing(target()) == ["its check of target_module failed: ZeroDivisionError: division by zero"]
+
+
+@pytest.fixture
+def active(monkeypatch):
+    """activation's state for one in-process _apply: active, default settings, nothing gated or reported yet."""
+    monkeypatch.setattr(activation._State, "active", True)
+    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
+    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+        monkeypatch.setattr(activation._State, name, empty)
+    from nrl_shim import report
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    report.logger().addHandler(handler)
+    yield lambda: [r.getMessage() for r in records]
+    report.logger().removeHandler(handler)
+
+
+def test_unverified_fix_acts_when_its_checks_pass_and_says_so_once(active):
+    quirk = registry.Quirk(quirk_module(VERIFIED=f"<{BELOW}", REQUIRES=("target_module:helper",)))
+    module = target(helper=len)
+    activation._apply(quirk, module)
+    activation._apply(quirk, module)  # a reload: patched again, said once
+    assert module.patched is True
+    notices = [m for m in active() if job_report.UNVERIFIED in m]
+    assert notices == [
+        f"[test-versions] acts on an unverified release: packaging {INSTALLED} is newer than the releases it was "
+        f"verified on (packaging<{BELOW}); 1 name(s) it relies on checked"
+    ]
+    assert job_report.kind_of(logging.WARNING, notices[0]) == "unverified"
+
+
+def test_unverified_fix_lacking_a_part_skips_naming_it_and_undoes_its_other_targets(active, monkeypatch):
+    other = types.ModuleType("other_module")
+    quirk = registry.Quirk(
+        quirk_module(
+            VERIFIED=f"<{BELOW}",
+            TARGETS=("other_module", "target_module"),
+            REQUIRES=("target_module:helper",),
+        )
+    )
+    monkeypatch.setitem(__import__("sys").modules, "other_module", other)
+    activation._apply(quirk, other)
+    assert other.patched is True
+    module = target()
+    activation._apply(quirk, module)
+    assert not hasattr(module, "patched") and not hasattr(other, "patched")  # acts nowhere rather than half
+    skipped = [m for m in active() if "fix skipped" in m]
+    assert len(skipped) == 1 and skipped[0].endswith("target_module lacks what it needs: target_module:helper"), skipped
+    activation._apply(quirk, other)  # a later import of a target: still skipped, no second warning
+    assert not hasattr(other, "patched") and len([m for m in active() if "fix skipped" in m]) == 1
+
+
+def test_strict_mode_refuses_only_the_skip(active, monkeypatch):
+    from nrl_shim.errors import QuirkSkippedError
+
+    monkeypatch.setattr(activation._State, "settings", registry.load_settings({"NRL_SHIM_STRICT": "1"}))
+    quirk = registry.Quirk(quirk_module(VERIFIED=f"<{BELOW}", REQUIRES=("target_module:helper",)))
+    activation._apply(quirk, target(helper=len))  # unverified, its checks pass: acts
+    monkeypatch.setattr(activation._State, "gates", {})
+    with pytest.raises(QuirkSkippedError, match="target_module:helper"):
+        activation._apply(quirk, target())
+
+
+def test_doctor_verdict_counts_the_fixes_that_act():
+    states = ["applies", "applies", "unverified", "idle", "skipped", "fixed-upstream", "not-installed"]
+    assert cli._tally([{"status": s} for s in states]) == "3 of 7 fixes act (1 on a release newer than those verified)"
+    assert cli._tally([{"status": "applies"}, {"status": "idle"}]) == "1 of 2 fixes act"
