@@ -70,7 +70,10 @@ TARGETS = (
     "vllm.v1.worker.gpu.sample.sampler",
 )
 MODES = ("rl", "serving")
-LOGPROBS = ("full", "truncated")
+LOGPROBS = ("auto", "full", "truncated")
+# NeMo RL HEAD filters its training logits with the rollout's top-k/top-p (TrainingSamplingParams, apply_top_k_top_p in
+# its policy workers): its trainer's logprobs are the truncated ones. Older NeMo RL (no such module) trains on all.
+NEMO_RL_TRUNCATES = "nemo_rl.algorithms.logits_sampling_utils"
 EXPLAIN_FIELDS = ("model_config.generation_config", "model_config.logprobs_mode")  # for `nrl-shim explain`
 EXPLAIN_ENV = (STRICT_TOOLS := "VLLM_ENFORCE_STRICT_TOOL_CALLING",)
 SETTINGS = (
@@ -88,9 +91,10 @@ SETTINGS = (
         "NRL_SHIM_LOGPROBS",
         "logprobs",
         choice(*LOGPROBS),
-        "full",
-        "`full` / `truncated`",
-        "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `full`: the full-vocabulary "
+        "auto",
+        "`auto` / `full` / `truncated`",
+        "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `auto`: `truncated` in a "
+        "process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the full-vocabulary "
         "log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written loop); "
         "`truncated`: vLLM's processed_logprobs, renormalised over the tokens top-k/top-p/min-p keep, after penalties "
         "(a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
@@ -118,7 +122,20 @@ _MARK = "_nrl_shim_logprobs"
 _SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily (its temperature is then taken as 1)
 
 
-_LOGPROBS_SETTING = ["full"]  # NRL_SHIM_LOGPROBS, as patch() was given it
+_LOGPROBS_SETTING = ["auto"]  # NRL_SHIM_LOGPROBS, as patch() was given it
+
+
+def _trainer_truncates():
+    """The framework in this process whose trainer filters its logits as vLLM does (its name), or None."""
+    import importlib.util
+    import sys
+
+    if "nemo_rl" not in sys.modules:
+        return None
+    try:
+        return "NeMo RL" if importlib.util.find_spec(NEMO_RL_TRUNCATES) is not None else None
+    except (ImportError, ValueError):
+        return None
 
 
 def patch(module, settings):
@@ -191,6 +208,8 @@ def idle(settings, version):
 
 
 _LOGPROBS_DESCRIBED = {
+    "auto": "logprobs_mode -> the full-vocabulary log_softmax(logits / T) at every top-k/top-p/min-p (vLLM's "
+    "processed_logprobs where an engine core runs without the shim; NeMo RL HEAD: processed_logprobs, as it trains)",
     "full": "logprobs_mode -> the full-vocabulary log_softmax(logits / T) at every top-k/top-p/min-p "
     "(NRL_SHIM_LOGPROBS=full; vLLM's processed_logprobs where an engine core runs without the shim)",
     "truncated": "logprobs_mode -> processed_logprobs, renormalised over the kept tokens (NRL_SHIM_LOGPROBS=truncated)",
@@ -315,39 +334,50 @@ def _logprobs_mode(engine_args, explicit):
 
     value = str(getattr(engine_args.logprobs_mode, "value", engine_args.logprobs_mode))
     what = "vllm logprobs_mode"
+    truncating = _trainer_truncates()
     if "logprobs_mode" in explicit:
-        if value == "processed_logprobs":
+        if value != "processed_logprobs":
+            return None
+        if truncating:
             report.unchanged(
                 ID,
                 what,
-                "the caller asked for processed_logprobs itself: kept, renormalised over the tokens top-k/top-p/min-p "
-                "keep; a warning the first time a request truncates",
+                f"the caller asked for processed_logprobs itself: kept; {truncating} filters its training logits with "
+                "the same top-k/top-p",
             )
-            return "warn"
-        return None
+            return None
+        report.unchanged(
+            ID,
+            what,
+            "the caller asked for processed_logprobs itself: kept, renormalised over the tokens top-k/top-p/min-p "
+            "keep; a warning the first time a request truncates",
+        )
+        return "warn"
     if value != "raw_logprobs":
         return None
     engine_args.logprobs_mode = "processed_logprobs"
-    if _LOGPROBS_SETTING[0] == "truncated":
+    setting = _LOGPROBS_SETTING[0]
+    if setting == "truncated" or (setting == "auto" and truncating):
+        reason = "NRL_SHIM_LOGPROBS=truncated" if setting == "truncated" else f"{truncating} in this process"
         report.changed(
             ID,
             what,
             value,
             "processed_logprobs",
-            "NRL_SHIM_LOGPROBS=truncated: the returned logprob of a token is vLLM's log_softmax after penalties, "
-            "temperature, min-p and top-k/top-p, renormalised over the tokens kept, for a trainer that filters its "
-            f"logits the same way; see {LINK}",
+            f"{reason}: the returned logprob of a token is vLLM's log_softmax after penalties, temperature, min-p and "
+            "top-k/top-p, renormalised over the tokens kept, for a trainer that filters its logits the same way; "
+            f"see {LINK}",
         )
         return None
     report.changed(
         ID,
-        what + " (the returned logprobs)",
+        what,
         value,
         "processed_logprobs",
-        "each returned logprob (sampled token and top-k alternatives) is the full-vocabulary log_softmax(logits / T) "
-        "the trainer computes: after temperature, before penalties, min-p, top-k and top-p, in every engine core "
-        "where the shim is active (elsewhere vLLM's processed_logprobs, renormalised over the kept tokens); "
-        f"NRL_SHIM_LOGPROBS=truncated for a trainer that truncates as vLLM does; see {LINK}",
+        "each returned logprob (sampled token and top-k alternatives) is then the full-vocabulary "
+        "log_softmax(logits / T) the trainer computes: after temperature, before penalties, min-p, top-k and top-p, "
+        "in every engine core where the shim is active (elsewhere vLLM's processed_logprobs, renormalised over the "
+        f"kept tokens); NRL_SHIM_LOGPROBS=truncated for a trainer that truncates as vLLM does; see {LINK}",
     )
     return "full"
 

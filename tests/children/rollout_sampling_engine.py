@@ -8,6 +8,7 @@
 - `truncated`: per sampling setting (T in {0.7, 1.0} x top_p 0.8 / top_k 5 / min_p 0.1; 8 tokens, 3 alternatives a
   step), the largest |vLLM's logprob - transformers' full-vocabulary log_softmax(logits / T)| over every logprob
   returned (sampled tokens and alternatives).
+A case with "route": "async": an `AsyncLLM` (its engine core in a child process, as vLLM starts it), `truncated` only.
 A case with "argv": vLLM's own command-line parser (`vllm serve`'s) given that argument list, as verl's server does,
 then `AsyncEngineArgs.from_cli_args(...).create_engine_config()`: the config only, no engine.
 Prints one JSON line: {"cases": {...}, "log": [[level, message], ...], "env": VLLM_ENFORCE_STRICT_TOOL_CALLING}.
@@ -83,6 +84,43 @@ def engine_case(directory, kwargs):
     }
 
 
+def async_case(directory, kwargs):
+    import asyncio
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process: the config travels there
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_args = AsyncEngineArgs(
+        model=directory, skip_tokenizer_init=True, dtype="float32", max_model_len=128, enforce_eager=True, **kwargs
+    )
+    engine = AsyncLLM.from_engine_args(engine_args)
+
+    async def generate_all():
+        outputs = {}
+        for name, setting in TRUNCATING.items():  # one event loop: AsyncLLM's output handler lives on it
+            params = SamplingParams(max_tokens=TOKENS, logprobs=3, seed=1, ignore_eos=True, detokenize=False, **setting)
+            async for output in engine.generate({"prompt_token_ids": PROMPT}, params, name):
+                outputs[name] = output.outputs[0]
+        return outputs
+
+    try:
+        outputs = asyncio.run(generate_all())
+    finally:
+        engine.shutdown()
+    gaps = {}
+    for name, out in outputs.items():
+        reference = transformers_logprobs(directory, list(out.token_ids), TRUNCATING[name]["temperature"])
+        gaps[name] = max(
+            abs(entry.logprob - reference[step, token].item())
+            for step, alternatives in enumerate(out.logprobs)
+            for token, entry in alternatives.items()
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return {"truncated": gaps}
+
+
 def cli_case(directory, argv):
     # As verl's server does: vLLM's own parser given an argument list (this process's sys.argv names no vLLM flag).
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -106,6 +144,8 @@ if __name__ == "__main__":
     for name, case in cases.items():
         if "argv" in case:
             results[name] = cli_case(directory, case["argv"])
+        elif case.get("route") == "async":
+            results[name] = async_case(directory, case.get("kwargs", {}))
         else:
             results[name] = engine_case(directory, case.get("kwargs", {}))
         gc.collect()
