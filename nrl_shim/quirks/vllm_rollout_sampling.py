@@ -33,10 +33,11 @@ policy's own distribution at the sampling settings the trainer chose. Three vLLM
 An explicit choice always wins and is never logged as changed: a keyword argument of EngineArgs/AsyncEngineArgs (so of
 `LLM(...)` too), the option on vLLM's command line (`vllm serve --generation-config auto`), the variable in the
 environment. "Explicit" is read from the call's keyword arguments and the command line, never from the field (a
-dataclass default equals an explicit value). Where the caller already asked for the RL value (TRL and verl:
-`processed_logprobs`; verl's `override_generation_config`): one INFO `nothing to change`. Options a release lacks:
-nothing to do, no warning. NRL_SHIM_SAMPLING_DEFAULTS=serving keeps vLLM's serving defaults (a job that serves the
-checkpoint to users, where its authors' recommended sampling is wanted).
+dataclass default equals an explicit value). Where the caller already asked for a value: one INFO `nothing to
+change` (verl's `override_generation_config`; `processed_logprobs`: TRL and verl, whose losses are full-vocabulary, get
+one warning per engine the first time a request truncates; NeMo RL HEAD, which truncates its training logits too,
+none). Options a release lacks: nothing to do, no warning. NRL_SHIM_SAMPLING_DEFAULTS=serving keeps vLLM's serving
+defaults (a job that serves the checkpoint to users, where its authors' recommended sampling is wanted).
 """
 
 import contextvars
@@ -60,7 +61,7 @@ VERSIONS = VLLM
 # vllm.utils.argparse_utils (0.11.1+) or vllm.utils (before): FlexibleArgumentParser, whose parse_args is where the
 # command line a server was started with (vllm serve's, verl's own argument list) can still be read.
 # vllm.v1.sample.sampler (V1 model runner, the CPU build's) and vllm.v1.worker.gpu.sample.sampler (model runner V2,
-# 0.2x+; the default on GPUs in 0.32/0.33): where the returned logprobs are computed, in the engine core.
+# read in 0.27.1, 0.29.0, 0.32.0, 0.33.0; the default on GPUs with Triton in 0.32/0.33): where the returned logprobs are computed, in the engine core.
 TARGETS = (
     "vllm.engine.arg_utils",
     "vllm.envs",
