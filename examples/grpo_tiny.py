@@ -203,7 +203,7 @@ def diagnose(llm, policy, moe, seed):
             }
     fresh, kept = found["after reset"], found["as cached"]
     causes = []
-    if min(fresh["at_T"], fresh["at_1"]) > THRESHOLD:
+    if min(fresh["at_T"], fresh["at_1"], fresh["truncated"]) > THRESHOLD:
         causes.append(
             f"weights: with a fresh prefix the engine's logprobs still differ ({fresh['at_T']:.3g}x at T={TEMPERATURE}, "
             f"{fresh['at_1']:.3g}x at T=1): its weights are not the policy's after the refit (a refit that didn't land "
