@@ -424,7 +424,7 @@ def _sampler_init_wrapper(wrapped, instance, args, kwargs):
     except TypeError:
         bound = None
     mode = bound.arguments.get("logprobs_mode") if bound is not None else None
-    if mark == "full" and str(getattr(mode, "value", mode)) == "processed_logprobs":
+    if bound is not None and mark == "full" and str(getattr(mode, "value", mode)) == "processed_logprobs":
         # The raw path, scaled by temperature: vLLM then keeps its fused samplers (processed modes turn them off).
         bound.arguments["logprobs_mode"] = "raw_logprobs"
         wrapped(*bound.args, **bound.kwargs)
@@ -510,7 +510,7 @@ def _v2_call_wrapper(wrapped, instance, args, kwargs):
     if mark is None or mark == "warned":
         return wrapped(*args, **kwargs)
     batch = args[1] if len(args) > 1 else kwargs.get("input_batch")
-    states = getattr(instance, "sampling_states", None)
+    states: Any = getattr(instance, "sampling_states", None)
     if mark == "warn":
         try:
             rows = batch.idx_mapping_np
