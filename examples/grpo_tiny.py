@@ -18,7 +18,8 @@ even id. The Gemma dummy-weights bug of vLLM < 0.9.2 has its own example: exampl
 Refits go through vLLM's own in-place `reload_weights` (on the CPU build the route that keeps its packed linear layers
 right without the shim). Its fused-MoE experts still come out scrambled there, with no error: vLLM skips their CPU
 prepack on a weight update; on a GPU a `load_weights` refit (what NeMo RL, verl and TRL call) scrambles them the same
-way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --verbose (vLLM's own logs), --json PATH.
+way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --top-p P (nucleus sampling: vLLM's processed
+logprobs are then renormalised over the kept tokens, the loss's are not), --verbose (vLLM's own logs), --json PATH.
 """
 
 import argparse
@@ -40,6 +41,7 @@ PROMPTS = [SYSTEM_PROMPT + question for question in QUESTIONS]
 GROUP_SIZE = 8
 NEW_TOKENS = 8
 TEMPERATURE = 0.7
+TOP_P = 1.0  # --top-p: nucleus sampling, as many GRPO recipes use (0.8-0.95); the trainer scores the full vocabulary
 LEARNING_RATE = 1e-2
 CLIP = 0.2
 # token_mult_prob_error of 1.0 is perfect agreement; float32 on both sides measures ~1.000 here. 1.05 leaves room for
@@ -96,6 +98,7 @@ def rollout(llm, seed):
     params = SamplingParams(
         n=GROUP_SIZE,
         temperature=TEMPERATURE,
+        top_p=TOP_P,
         max_tokens=NEW_TOKENS,
         ignore_eos=True,
         logprobs=0,  # only the sampled token's logprob
@@ -115,15 +118,21 @@ def rollout(llm, seed):
     return groups, sum(cached) / len(cached)
 
 
-def policy_logprobs(policy, groups, temperature):
-    """The policy's logprobs of the sampled tokens at `temperature`, what a trainer computes (with grad)."""
+def policy_logprobs(policy, groups, temperature, top_p=1.0):
+    """The policy's logprobs of the sampled tokens at `temperature`, what a trainer computes (with grad): over the full
+    vocabulary; with top_p < 1, renormalised over the tokens top-p keeps (what vLLM's processed logprobs are)."""
     import torch
 
     samples = [s for group in groups for s in group]
     ids = torch.tensor([s["prompt"] + s["tokens"] for s in samples])
     prompt_len = len(samples[0]["prompt"])
-    logits = policy(ids).logits[:, prompt_len - 1 : -1].float()  # the positions that predicted each generated token
-    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
+    logits = policy(ids).logits[:, prompt_len - 1 : -1].float() / temperature  # the positions that predicted each token
+    if top_p < 1.0:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        dropped = probs.cumsum(dim=-1) - probs >= top_p  # the mass before it already reaches top_p (the first stays)
+        logits = logits.scatter(-1, order, ordered.masked_fill(dropped, float("-inf")))
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
 
 
 def engine_logprobs(groups):
@@ -190,10 +199,11 @@ def diagnose(llm, policy, moe, seed):
                 "cached": cached,
                 "at_T": mult_prob_error(engine, policy_logprobs(policy, groups, TEMPERATURE)),
                 "at_1": mult_prob_error(engine, policy_logprobs(policy, groups, 1.0)),
+                "truncated": mult_prob_error(engine, policy_logprobs(policy, groups, TEMPERATURE, TOP_P)),
             }
     fresh, kept = found["after reset"], found["as cached"]
     causes = []
-    if min(fresh["at_T"], fresh["at_1"]) > THRESHOLD:
+    if min(fresh["at_T"], fresh["at_1"], fresh["truncated"]) > THRESHOLD:
         causes.append(
             f"weights: with a fresh prefix the engine's logprobs still differ ({fresh['at_T']:.3g}x at T={TEMPERATURE}, "
             f"{fresh['at_1']:.3g}x at T=1): its weights are not the policy's after the refit (a refit that didn't land "
@@ -205,7 +215,13 @@ def diagnose(llm, policy, moe, seed):
             f"not log_softmax(logits / {TEMPERATURE}) ({fresh['at_T']:.3g}x), which the loss uses "
             "(vLLM's logprobs_mode='raw_logprobs')"
         )
-    best = "at_1" if fresh["at_1"] <= THRESHOLD < fresh["at_T"] else "at_T"
+    if TOP_P < 1.0 and fresh["truncated"] <= THRESHOLD < min(fresh["at_T"], fresh["at_1"]):
+        causes.append(
+            f"logprobs renormalised over the tokens top_p={TOP_P} kept: the engine's equal the policy's truncated "
+            f"log_softmax ({fresh['truncated']:.3g}x), not the full-vocabulary log_softmax(logits / {TEMPERATURE}) "
+            f"({fresh['at_T']:.3g}x) the loss uses (vLLM's logprobs_mode='processed_logprobs')"
+        )
+    best = min(("at_T", "at_1", "truncated"), key=lambda name: fresh[name])
     if kept[best] > THRESHOLD >= fresh[best] and kept["cached"] > 0:
         causes.append(
             f"stale KV: after the refit each request took {kept['cached']:.0f} prompt tokens from the prefix cache, "
@@ -266,7 +282,10 @@ def main():
     parser.add_argument("--moe", action="store_true", help="a Qwen3-MoE policy (8 experts, top-2)")
     parser.add_argument("--verbose", action="store_true", help="show vLLM's and transformers' own logs")
     parser.add_argument("--json", metavar="PATH", help="write per-step numbers here")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sample with this top_p (default 1.0: off)")
     args = parser.parse_args()
+    global TOP_P
+    TOP_P = args.top_p
     quiet_libraries(args.verbose)
     # The engine core in this process (before vLLM is imported): quicker on a laptop, and its model is reachable.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -300,7 +319,9 @@ def main():
             )
         say(
             f"vLLM {vllm.__version__}; GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
-            f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}, a refit before each rollout"
+            f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}"
+            + (f", top_p={TOP_P}" if TOP_P < 1.0 else "")
+            + ", a refit before each rollout"
         )
         print(f"{'step':>4}  {'reward':>6}  {'loss':>8}  {'cached/req':>10}  {'token_mult_prob_error':>21}", flush=True)
         steps, last_bad = [], None
@@ -357,6 +378,7 @@ def main():
             json.dump(
                 {
                     "moe": args.moe,
+                    "top_p": TOP_P,
                     "threshold": THRESHOLD,
                     "ok": not bad,
                     "causes": causes,

@@ -203,7 +203,14 @@ QUIRKS = (
     (
         "nrl_shim.quirks.vllm_rollout_sampling",
         "vllm-rollout-sampling",
-        ("vllm.engine.arg_utils", "vllm.envs", "vllm.utils.argparse_utils", "vllm.utils"),
+        (
+            "vllm.engine.arg_utils",
+            "vllm.envs",
+            "vllm.utils.argparse_utils",
+            "vllm.utils",
+            "vllm.v1.sample.sampler",
+            "vllm.v1.worker.gpu.sample.sampler",
+        ),
         None,
         (
             Variable(
@@ -212,9 +219,24 @@ QUIRKS = (
                 choice("rl", "serving"),
                 "rl",
                 "`rl` / `serving`",
-                "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint generation_config sampling defaults, processed logprobs, tool calls not grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
+                "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint generation_config sampling defaults, logprobs as the trainer computes them, tool calls not grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
+            ),
+            Variable(
+                "NRL_SHIM_LOGPROBS",
+                "logprobs",
+                choice("auto", "full", "truncated"),
+                "auto",
+                "`auto` / `full` / `truncated`",
+                "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `auto`: `truncated` in a process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the full-vocabulary log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written loop); `truncated`: vLLM's processed_logprobs, renormalised over the tokens top-k/top-p/min-p keep, after penalties (a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
             ),
         ),
+    ),
+    (
+        "nrl_shim.quirks.vllm_replica_seed",
+        "vllm-replica-seed",
+        ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm"),
+        None,
+        (),
     ),
     (
         "nrl_shim.quirks.vllm_dist_alias",

@@ -274,6 +274,8 @@ def test_logprobs_mode_kept_where_nemo_rls_config_sets_it_and_set_where_it_does_
     assert logs["sync"].count(f"{tag}: nothing to change (the caller asked for processed_logprobs") == 1  # vllm_cfg's
     assert f"{tag}: 'raw_logprobs' -> 'processed_logprobs'" not in logs["sync"]
     assert logs["async"].count(f"{tag}: 'raw_logprobs' -> 'processed_logprobs'") == 1  # a config without the key
+    for name in ("sync", "async"):  # NeMo RL seeds each worker itself (seed= per bundle): vllm-replica-seed keeps it
+        assert logs[name].count("[vllm-replica-seed] vllm seed: nothing to change (the caller set seed=") == 1, name
 
 
 def test_async_worker_under_a_tiny_timeout_behaves_as_without_the_shim(runs, reference):

@@ -166,6 +166,8 @@ def test_trl_asks_for_processed_logprobs_itself_so_that_fix_stays_idle(under_the
     line = "[vllm-rollout-sampling] vllm logprobs_mode: nothing to change (the caller asked for processed_logprobs"
     assert output.count(line) == 1, tail(output)
     assert "[vllm-rollout-sampling] vllm logprobs_mode: 'raw_logprobs'" not in output
+    # TRL seeds its engine itself (seed=process_index // tensor_parallel_size): vllm-replica-seed keeps it, once.
+    assert output.count("[vllm-replica-seed] vllm seed: nothing to change (the caller set seed=") == 1, tail(output)
 
 
 def test_trl_resets_the_prefix_cache_after_its_refits_so_that_fix_stays_idle(under_the_shim):

@@ -320,6 +320,8 @@ def test_verl_sets_its_own_rollout_sampling_so_that_fix_stays_idle(under_shim):
     assert logs[1].count(f"[{SAMPLING}] vllm logprobs_mode: nothing to change (the caller asked for processed") == 1
     said = [line for line in logs[1].splitlines() if f"[{SAMPLING}] vllm generation_config" in line]
     assert len(said) == 1 and "nothing to change" in said[0] and "override_generation_config" in said[0], said
+    # verl seeds each replica itself (--seed replica_rank + config.seed in that list): vllm-replica-seed keeps it.
+    assert logs[1].count("[vllm-replica-seed] vllm seed: nothing to change (the caller set seed=") == 1
 
 
 def test_under_the_shim_a_refit_omitting_a_tensor_is_named_and_a_full_refit_is_quiet(under_shim, references):

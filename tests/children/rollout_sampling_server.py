@@ -6,8 +6,11 @@ this file adds host, port and small-engine flags, the hermes tool parser and `--
 - three chat requests with one tool: `tool_choice="required"`, `"auto"` with a `strict` tool, `"auto"` with
   `parallel_tool_calls=false`: the sampling parameters vLLM built for each, read from its own request log
   ("Received request ...: params: SamplingParams(...)"), and the `required` reply's text.
+- per truncating sampling setting (T in {0.7, 1.0} x top_p 0.8 / top_k 5 / min_p 0.1), a `/v1/completions` and a
+  `/v1/chat/completions` request with 3 alternatives a token (token ids returned): the largest |returned logprob -
+  transformers' full-vocabulary log_softmax(logits / T)| over every logprob returned.
 Prints one JSON line: {"distinct", "group_params", "tools": {name: structured_outputs kind}, "required_text",
-"shim_lines", "startup_s"}. The server is stopped (its process group) whatever happens.
+"truncated": {"completions": {setting: gap}, "chat": {...}}, "shim_lines", "startup_s"}. The server is stopped (its process group) whatever happens.
 """
 
 import json
@@ -26,6 +29,11 @@ TOOL = {
         "name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
+}
+TRUNCATING = {
+    f"T{t}-{name}": {"temperature": t, name: value}
+    for t in (0.7, 1.0)
+    for name, value in (("top_p", 0.8), ("top_k", 5), ("min_p", 0.1))
 }
 TOOL_REQUESTS = {
     "required": {"tool_choice": "required"},
@@ -53,6 +61,57 @@ def wait_until_up(port, server, log_path, timeout=480):
         except OSError:
             time.sleep(1)
     raise SystemExit(f"server not up after {timeout} s:\n{open(log_path).read()[-6000:]}")
+
+
+def token_id(text):
+    return int(text.split(":", 1)[1])  # return_tokens_as_token_ids: "token_id:<id>"
+
+
+def gap(directory, prompt, steps, temperature):
+    """steps: per generated token, [(token id, logprob), ...] (the sampled one first)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokens = [step[0][0] for step in steps]
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    reference = torch.log_softmax(logits / temperature, -1)
+    return max(abs(lp - reference[i, token].item()) for i, step in enumerate(steps) for token, lp in step)
+
+
+def truncated_gaps(port, directory):
+    gaps = {"completions": {}, "chat": {}}
+    common = {"model": directory, "max_tokens": 8, "seed": 1, "ignore_eos": True, "return_tokens_as_token_ids": True}
+    for name, setting in TRUNCATING.items():
+        reply = post(
+            port,
+            "/v1/completions",
+            {**common, **setting, "prompt": "Once upon", "logprobs": 3, "return_token_ids": True},
+        )
+        choice = reply["choices"][0]
+        logprobs = choice["logprobs"]
+        steps = [
+            [(token_id(token), lp), *((token_id(t), v) for t, v in alternatives.items())]
+            for token, lp, alternatives in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])
+        ]
+        gaps["completions"][name] = gap(directory, choice["prompt_token_ids"], steps, setting["temperature"])
+        messages = [{"role": "user", "content": "Once upon"}]
+        reply = post(
+            port,
+            "/v1/chat/completions",
+            {**common, **setting, "messages": messages, "logprobs": True, "top_logprobs": 3, "return_token_ids": True},
+        )
+        content = reply["choices"][0]["logprobs"]["content"]
+        steps = [
+            [
+                (token_id(entry["token"]), entry["logprob"]),
+                *((token_id(alt["token"]), alt["logprob"]) for alt in entry["top_logprobs"]),
+            ]
+            for entry in content
+        ]
+        gaps["chat"][name] = gap(directory, reply["prompt_token_ids"], steps, setting["temperature"])
+    return gaps
 
 
 def structured_kind(params):
@@ -111,6 +170,7 @@ def main():
             if "parallel_tool_calls" in request:
                 body["parallel_tool_calls"] = request["parallel_tool_calls"]
             replies[name] = post(port, "/v1/chat/completions", body)["choices"][0]["message"]
+        truncated = truncated_gaps(port, directory)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -131,6 +191,7 @@ def main():
                 "tools": {name: structured_kind(params) for name, params in zip(TOOL_REQUESTS, chat)},
                 "required_text": replies["required"].get("content") or "",
                 "required_tool_calls": len(replies["required"].get("tool_calls") or []),
+                "truncated": truncated,
                 "shim_lines": [line for line in text.splitlines() if line.startswith("nrl_shim ")],
                 "startup_s": round(startup, 1),
             }
