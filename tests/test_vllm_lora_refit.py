@@ -99,7 +99,7 @@ def ours(log):
     return [message for _level, message in log if f"[{ID}]" in message]
 
 
-@pytest.mark.parametrize("engine", ["llm", "async_llm"])
+@pytest.mark.parametrize("engine", ["llm", pytest.param("async_llm", marks=pytest.mark.full)])
 def test_without_the_fix_each_broken_route_serves_the_old_adapter(engine, request):
     run = request.getfixturevalue(engine)["without"]
     assert_sound(run)
@@ -115,7 +115,7 @@ def test_without_the_fix_each_broken_route_serves_the_old_adapter(engine, reques
     assert f"[{ID}]" not in run["stderr"]
 
 
-@pytest.mark.parametrize("engine", ["llm", "async_llm"])
+@pytest.mark.parametrize("engine", ["llm", pytest.param("async_llm", marks=pytest.mark.full)])
 def test_with_the_fix_every_route_serves_the_new_adapter(engine, request):
     run = request.getfixturevalue(engine)["with"]
     assert_sound(run)
@@ -126,6 +126,7 @@ def test_with_the_fix_every_route_serves_the_new_adapter(engine, request):
             assert second["cached"] == 0, (route, second)  # no block of A's version reused
 
 
+@pytest.mark.full  # AsyncLLM, engine core in its own process: `nox -s vllm_cpu_full` (CI's time)
 def test_async_requests_running_across_the_change_finish(async_llm):
     """Every route but "newid": two ids under one name in one batch crash vLLM's worker (its set of active adapters
     dedups by name), with or without the fix."""
@@ -157,6 +158,7 @@ def test_in_process_each_change_logged_once_with_its_route(llm):
     assert ours(routes["remove_newpath"]["log"]) == []  # the same kind as "remove": logged once, then DEBUG
 
 
+@pytest.mark.full  # AsyncLLM, engine core in its own process: `nox -s vllm_cpu_full` (CI's time)
 def test_engine_core_process_says_it_once_per_kind(async_llm):
     stderr = async_llm["with"]["stderr"]
     assert stderr.count(f"[{ID}] vLLM LoRA adapter: nothing to change") == 1
