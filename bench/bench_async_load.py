@@ -99,7 +99,7 @@ class Block:
 
 
 def leftovers(baseline):
-    from nrl_shim.quirks.vllm_async_timeout import _Watchdog
+    from nrl_shim.quirks.vllm.runtime.async_timeout import _Watchdog
 
     gc.collect()
     loop = asyncio.get_running_loop()
@@ -265,7 +265,7 @@ class _NeverAborts:
 def wrapper_alone(items_per_request, streams=20_000, long_items=200_000, repeats=5):
     """bounded() around a plain async generator vs the generator alone: its cost per request (short streams, as
     the engine's) and per item (one long stream); best of `repeats`, sides interleaved."""
-    from nrl_shim.quirks.vllm_async_timeout import bounded
+    from nrl_shim.quirks.vllm.runtime.async_timeout import bounded
 
     async def bare(count, n):
         for _ in range(count):

@@ -19,7 +19,7 @@ os.environ.setdefault("NRL_SHIM", "0")  # no activation needed: we time the wrap
 
 from nrl_shim.explain import tiny_configs as _tiny_configs
 from nrl_shim.quirks import _hf_config as hf_config  # noqa: E402
-from nrl_shim.quirks.vllm_async_timeout import bounded  # noqa: E402
+from nrl_shim.quirks.vllm.runtime.async_timeout import bounded  # noqa: E402
 
 TIMEOUT = 600.0
 

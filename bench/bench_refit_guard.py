@@ -62,7 +62,7 @@ def engine_child(model):
     sys.path.insert(0, TESTS)
     from vllm import LLM, SamplingParams
 
-    from nrl_shim.quirks import vllm_refit_guard
+    from nrl_shim.quirks.vllm.refit import refit_guard as vllm_refit_guard
 
     from tiny_models import state_dict_items
 
@@ -101,7 +101,7 @@ def full_state_child(model):
     from transformers import AutoModelForCausalLM
 
     from nrl_shim import registry
-    from nrl_shim.quirks import vllm_refit_guard
+    from nrl_shim.quirks.vllm.refit import refit_guard as vllm_refit_guard
 
     hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
     sources = {name: tensor.clone() for name, tensor in hf.state_dict().items()}

@@ -44,13 +44,12 @@ SYNTHETIC = '''"""Synthetic quirk {i} for bench/bench_startup.py (exists only in
 real quirk module, with targets that are never imported."""
 
 from ..settings import Variable, parse_bool
-from . import VLLM
 
 ID = "synthetic-quirk-{i:02d}"
 SUMMARY = "synthetic quirk {i}: wraps a function of a module nobody imports"
 LINK = "https://example.invalid/nrl-shim/synthetic/{i}"
 LIBRARY = "vllm"
-VERSIONS = VLLM
+VERSIONS = ">=0.8.5"  # a literal: the same module serves the baseline layout (before quirks/vllm/)
 TARGETS = ("nrl_shim_bench_absent_{i:02d}.engine", "nrl_shim_bench_absent_{i:02d}.worker")
 SETTINGS = (
     Variable(

@@ -11,7 +11,7 @@ from .settings import Variable, choice, parse_bool, parse_seconds, parse_word, p
 # fmt: off
 QUIRKS = (
     (
-        "nrl_shim.quirks.vllm_gemma_load_format",
+        "nrl_shim.quirks.vllm.config.gemma_load_format",
         "vllm-gemma-load-format",
         ("vllm.engine.arg_utils",),
         None,
@@ -27,7 +27,7 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_auto_load_format",
+        "nrl_shim.quirks.vllm.config.auto_load_format",
         "vllm-auto-load-format",
         ("vllm.engine.arg_utils",),
         None,
@@ -43,7 +43,7 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_v1_runtime",
+        "nrl_shim.quirks.vllm.config.v1_runtime",
         "vllm-v1-runtime",
         ("vllm.envs", "vllm.engine.arg_utils", "vllm.v1.engine.async_llm"),
         None,
@@ -59,7 +59,7 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_eager_recipes",
+        "nrl_shim.quirks.vllm.config.eager_recipes",
         "vllm-eager-recipes",
         ("vllm.engine.arg_utils",),
         "--config",
@@ -83,7 +83,7 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_async_timeout",
+        "nrl_shim.quirks.vllm.runtime.async_timeout",
         "vllm-async-timeout",
         ("vllm.v1.engine.async_llm",),
         None,
@@ -99,14 +99,14 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_refit_guard",
+        "nrl_shim.quirks.vllm.refit.refit_guard",
         "vllm-refit-guard",
         ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader"),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_cpu_refit",
+        "nrl_shim.quirks.vllm.refit.cpu_refit",
         "vllm-cpu-refit",
         (
             "vllm.model_executor.model_loader.dummy_loader",
@@ -126,7 +126,7 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_layerwise_refit",
+        "nrl_shim.quirks.vllm.refit.layerwise_refit",
         "vllm-layerwise-refit",
         (
             "vllm.model_executor.model_loader.base_loader",
@@ -147,42 +147,42 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_radio_layerscale",
+        "nrl_shim.quirks.vllm.models.radio_layerscale",
         "vllm-radio-layerscale",
         ("vllm.model_executor.models.radio",),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_eagle3_own_lm_head",
+        "nrl_shim.quirks.vllm.models.eagle3_own_lm_head",
         "vllm-eagle3-own-lm-head",
         ("vllm.model_executor.models.llama_eagle3",),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_mq_bind_retry",
+        "nrl_shim.quirks.vllm.runtime.mq_bind_retry",
         "vllm-mq-bind-retry",
         ("vllm.distributed.device_communicators.shm_broadcast",),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_ray_tcpstore_port",
+        "nrl_shim.quirks.vllm.runtime.ray_tcpstore_port",
         "vllm-ray-tcpstore-port",
         ("vllm.v1.executor.ray_executor_v2",),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_openai_namespace_tool",
+        "nrl_shim.quirks.vllm.runtime.openai_namespace_tool",
         "vllm-openai-namespace-tool",
         ("vllm.tool_parsers.utils",),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_prefix_cache_refit",
+        "nrl_shim.quirks.vllm.refit.prefix_cache_refit",
         "vllm-prefix-cache-refit",
         (
             "vllm.model_executor.model_loader.base_loader",
@@ -194,14 +194,14 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_lora_refit",
+        "nrl_shim.quirks.vllm.refit.lora_refit",
         "vllm-lora-refit",
         ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core"),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_rollout_sampling",
+        "nrl_shim.quirks.vllm.sampling.rollout_sampling",
         "vllm-rollout-sampling",
         (
             "vllm.engine.arg_utils",
@@ -232,21 +232,21 @@ QUIRKS = (
         ),
     ),
     (
-        "nrl_shim.quirks.vllm_replica_seed",
+        "nrl_shim.quirks.vllm.sampling.replica_seed",
         "vllm-replica-seed",
         ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm"),
         None,
         (),
     ),
     (
-        "nrl_shim.quirks.vllm_dist_alias",
+        "nrl_shim.quirks.vllm.config.dist_alias",
         "vllm-dist-alias",
         (),
         "",
         (),
     ),
     (
-        "nrl_shim.quirks.cp_attention_mask",
+        "nrl_shim.quirks.torch_cp.attention_mask",
         "cp-attention-mask",
         (
             "torch.distributed.tensor.experimental._context_parallel._attention",
@@ -256,7 +256,7 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.cp_gemma3",
+        "nrl_shim.quirks.torch_cp.gemma3",
         "cp-gemma3",
         (
             "torch.distributed.tensor.experimental._context_parallel._attention",
@@ -267,7 +267,7 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.cp_flash_attention",
+        "nrl_shim.quirks.torch_cp.flash_attention",
         "cp-flash-attention",
         (
             "torch.distributed.tensor.experimental._context_parallel._attention",
@@ -278,7 +278,7 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.cp_sequence_parallel",
+        "nrl_shim.quirks.torch_cp.sequence_parallel",
         "cp-sequence-parallel",
         (
             "torch.distributed.tensor.experimental._context_parallel._attention",
@@ -289,7 +289,7 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.ray_propagate_env",
+        "nrl_shim.quirks.ray.propagate_env",
         "ray-propagate-env",
         ("ray._private.worker", "ray.actor", "ray.remote_function"),
         None,

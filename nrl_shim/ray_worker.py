@@ -1,6 +1,6 @@
 """Runs first in every Ray worker process of a job whose driver had the shim active: Ray's worker_process_setup_hook.
 
-The driver ships this package to the job with runtime_env["py_modules"] (see quirks/ray_propagate_env.py), so it is
+The driver ships this package to the job with runtime_env["py_modules"] (see quirks/ray/propagate_env.py), so it is
 importable in workers whose runtime_env sets their own interpreter (py_executable, uv, pip, conda) without nrl-shim.
 Ray puts the shipped copy on the worker's PYTHONPATH, ahead of site-packages: when a worker also has its own nrl-shim
 installed, the driver's shipped copy is the one that runs (every process of a job then applies the same fixes), and
@@ -45,7 +45,9 @@ def chain(user_hook: Callable[[], object]) -> Callable[[], None]:
 def _export_to_children() -> None:
     # Children inherit os.environ: NRL_SHIM=1 (activate() exported it) plus a PYTHONPATH that finds both the shipped
     # package and the bootstrap sitecustomize.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import nrl_shim
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(nrl_shim.__file__)))  # the folder holding nrl_shim/
     entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
     missing = [d for d in (BOOTSTRAP_DIR, package_root) if d not in entries]
     if missing:

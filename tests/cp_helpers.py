@@ -228,7 +228,7 @@ def cp_wrapped():
     import torch.distributed.tensor.experimental as experimental
 
     from nrl_shim.patching import is_wrapped
-    from nrl_shim.quirks import _torch_cp
+    from nrl_shim.quirks.torch_cp import _common as _torch_cp
 
     real = _torch_cp._real_module()
     return [

@@ -20,12 +20,19 @@ class TestBuiltinQuirks(QuirkContract):
 
 
 def test_every_quirk_module_is_registered_and_has_a_test_module():
+    # Quirks live at any depth (quirks/<library>/<topic>/<name>.py); `_`-named modules and packages are helpers.
     package = Path(SOURCE_ROOT) / "nrl_shim" / "quirks"
-    modules = {f"nrl_shim.quirks.{p.stem}" for p in package.glob("*.py") if not p.stem.startswith("_")}
+    modules = {
+        ".".join(("nrl_shim", "quirks", *p.relative_to(package).with_suffix("").parts))
+        for p in package.rglob("*.py")
+        if not any(part.startswith("_") for part in p.relative_to(package).parts)
+    }
     assert modules == set(registry.QUIRK_MODULES)
-    for name in registry.QUIRK_MODULES:
-        stem = name.rpartition(".")[2]
-        assert (HERE / f"test_{stem}.py").is_file(), f"{name} has no tests/test_{stem}.py"
+    for quirk_id in registry.quirk_ids():
+        if registry.origin(quirk_id) != registry.BUILTIN:
+            continue
+        test_module = f"test_{quirk_id.replace('-', '_')}.py"  # named after the id users know, not the module's path
+        assert (HERE / test_module).is_file(), f"{quirk_id} has no tests/{test_module}"
 
 
 def test_docs_tables_are_the_declarations():

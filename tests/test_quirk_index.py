@@ -22,7 +22,13 @@ START_UP = [
     "nrl_shim.settings",
 ]
 # vllm-dist-alias's setup() runs in every process: its finder must be there before anything asks for vLLM's metadata.
-START_UP += ["nrl_shim.quirks", "nrl_shim.quirks.vllm_dist_alias"]
+# Its library's packages come with it (their __init__s are stdlib only).
+START_UP += [
+    "nrl_shim.quirks",
+    "nrl_shim.quirks.vllm",
+    "nrl_shim.quirks.vllm.config",
+    "nrl_shim.quirks.vllm.config.dist_alias",
+]
 
 
 def test_index_file_is_generated_from_the_quirk_modules():
@@ -86,10 +92,17 @@ def test_activation_imports_only_the_quirk_modules_a_process_needs(tmp_path, arg
     assert active is True
     # vllm-eager-recipes' setup() reads the recipe from `--config`: its module (and the errors module, which it uses
     # to validate the name) loads only where the option is.
-    setup = ["nrl_shim.errors", "nrl_shim.quirks.vllm_eager_recipes"] if argv else []
+    setup = ["nrl_shim.errors", "nrl_shim.quirks.vllm.config.eager_recipes"] if argv else []
     assert at_activation == sorted(START_UP + setup)
-    quirks_loaded = [name for name in after_import if name.startswith("nrl_shim.quirks.") and "._" not in name]
-    assert quirks_loaded == sorted(["nrl_shim.quirks.ray_propagate_env", "nrl_shim.quirks.vllm_dist_alias", *setup[1:]])
+    packages = ("nrl_shim.quirks.vllm", "nrl_shim.quirks.vllm.config", "nrl_shim.quirks.ray")
+    quirks_loaded = [
+        name
+        for name in after_import
+        if name.startswith("nrl_shim.quirks.") and "._" not in name and name not in packages
+    ]
+    assert quirks_loaded == sorted(
+        ["nrl_shim.quirks.ray.propagate_env", "nrl_shim.quirks.vllm.config.dist_alias", *setup[1:]]
+    )
 
 
 def test_the_index_is_pyprojects_entry_points_in_order():

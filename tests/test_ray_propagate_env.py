@@ -10,7 +10,7 @@ import pytest
 
 from nrl_shim import report
 from nrl_shim.errors import UnsupportedConfigError
-from nrl_shim.quirks import _ray_ship as quirk  # the merge logic of ray-propagate-env
+from nrl_shim.quirks.ray import _ship as quirk  # the merge logic of ray-propagate-env
 from nrl_shim.ray_worker import CHAINED_HOOK_VAR
 
 

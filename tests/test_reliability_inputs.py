@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from nrl_shim.explain.tiny_configs import CONFIGS, write_config
 from nrl_shim.quirks import _hf_config
-from nrl_shim.quirks import vllm_gemma_load_format as gemma_quirk
+from nrl_shim.quirks.vllm.config import gemma_load_format as gemma_quirk
 from nrl_shim.registry import load_settings
 
 from conftest import child_env, child_path
@@ -390,7 +390,7 @@ def test_gemma_fix_changes_only_load_format_and_only_for_gemma(world, data):
     args = Args(**fields)
     before = {k: (v, copy.deepcopy(v) if not callable(v) else v) for k, v in fields.items()}
     settings_ = load_settings({"NRL_SHIM_GEMMA_LOAD_FORMAT": mode})
-    with mock.patch("nrl_shim.quirks._vllm.installed_version", return_value=version):
+    with mock.patch("nrl_shim.quirks.vllm._common.installed_version", return_value=version):
         gemma_quirk.fix_engine_args(args, settings_)  # any exception fails the test
 
     load_format = fields.get("load_format")

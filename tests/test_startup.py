@@ -84,7 +84,7 @@ def test_start_up_arms_and_the_first_target_import_activates(tmp_path, site):
     assert first["finders"] == ["_TargetFinder", "VllmAliasFinder"]
     quirk_modules = [name for name in out["after"] if name.startswith("nrl_shim.quirks.")]
     assert quirk_modules == [name for name in first["after"] if name.startswith("nrl_shim.quirks.")]
-    assert "nrl_shim.quirks.ray_propagate_env" in quirk_modules  # the built-in's module, at its target's import
+    assert "nrl_shim.quirks.ray.propagate_env" in quirk_modules  # the built-in's module, at its target's import
 
 
 def test_a_plugin_is_not_imported_at_start_up_and_threads_racing_its_targets_all_get_the_fix(tmp_path, site):

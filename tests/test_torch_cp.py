@@ -1,4 +1,4 @@
-"""The CP quirks' shared context_parallel wrapper (nrl_shim/quirks/_torch_cp.py): a context left by an exception whose
+"""The CP quirks' shared context_parallel wrapper (nrl_shim/quirks/torch_cp/_common.py): a context left by an exception whose
 sharded buffers the shim cannot restore. The user's exception must reach the user and the `nrl_shim` logger must say
 that the buffers stay sharded (it used to raise ImportError from the cleanup instead)."""
 
@@ -42,7 +42,7 @@ def shim_warnings(caplog):
 def test_exception_exit_with_unreachable_buffers_warns_and_reraises(monkeypatch, shim_warnings):
     # Plain objects stand in for torch: the CP module of torch <= 2.9 (which never cleans up after an exception), and a
     # context manager that is not torch's generator, so the shim finds no copies of the buffers to put back.
-    from nrl_shim.quirks import _torch_cp
+    from nrl_shim.quirks.torch_cp import _common as _torch_cp
 
     _install_fake_torch(monkeypatch)
     cp_module = types.ModuleType(_torch_cp.LEGACY)

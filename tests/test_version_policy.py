@@ -10,7 +10,8 @@ import re
 import pytest
 from relabel import relabeled_venv
 
-from nrl_shim.quirks import TORCH_CP_VERIFIED, VLLM_VERIFIED
+from nrl_shim.quirks.torch_cp import TORCH_CP_VERIFIED
+from nrl_shim.quirks.vllm import VLLM_VERIFIED
 
 from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE, run_main_job
 
@@ -166,7 +167,7 @@ def test_main_job_on_a_newer_vllm_matches_under_the_shim_and_mismatches_without(
 
 
 def test_cp_guards_act_on_a_newer_torch(torch_next):
-    from nrl_shim.quirks import cp_sequence_parallel
+    from nrl_shim.quirks.torch_cp import sequence_parallel as cp_sequence_parallel
 
     from cp_helpers import run
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from nrl_shim import ShimError, ShimTimeoutError
-from nrl_shim.quirks import vllm_async_timeout as quirk
+from nrl_shim.quirks.vllm.runtime import async_timeout as quirk
 
 from conftest import run_child_json
 from vllm_helpers import requires_vllm
@@ -177,7 +177,7 @@ def test_the_caller_is_found_past_the_shims_own_frames():
     def namespace(name, **names):
         return {"__name__": name, **names}
 
-    wrapper = namespace("nrl_shim.quirks.vllm_async_timeout", quirk=quirk)
+    wrapper = namespace("nrl_shim.quirks.vllm.runtime.async_timeout", quirk=quirk)
     exec("def generate_wrapper():\n    return quirk._caller_module()\n", wrapper)
     layer = namespace("nrl_shim.patching", generate_wrapper=wrapper["generate_wrapper"])
     exec("def call():\n    return generate_wrapper()\n", layer)

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from nrl_shim.quirks import _hf_config as hf_config
-from nrl_shim.quirks import vllm_auto_load_format as quirk
+from nrl_shim.quirks.vllm.config import auto_load_format as quirk
 from nrl_shim.registry import load_settings
 
 from vllm_helpers import build, cpu_env, model_dirs, requires_vllm

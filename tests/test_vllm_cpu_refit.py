@@ -204,7 +204,7 @@ def test_always_covers_engines_loaded_with_real_weights(models, tmp_path):
 )
 def test_cpu_build(monkeypatch, version, distribution, cpu):
     from nrl_shim import libraries
-    from nrl_shim.quirks import vllm_cpu_refit
+    from nrl_shim.quirks.vllm.refit import cpu_refit as vllm_cpu_refit
 
     monkeypatch.setattr(libraries, "find", lambda name, thorough=False: libraries.Library(name, version, distribution))
     assert vllm_cpu_refit.cpu_build() is cpu
@@ -212,7 +212,7 @@ def test_cpu_build(monkeypatch, version, distribution, cpu):
 
 def test_doctor_says_why_it_is_idle(monkeypatch):
     from nrl_shim import libraries, registry
-    from nrl_shim.quirks import vllm_cpu_refit
+    from nrl_shim.quirks.vllm.refit import cpu_refit as vllm_cpu_refit
 
     settings = registry.load_settings({})
     for version, distribution, expected in (

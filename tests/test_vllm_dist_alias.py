@@ -133,7 +133,7 @@ def test_an_armed_start_up_answers_at_the_first_lookup(tmp_path):
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     (full, full_version, _), (armed, version, finders), (_, without, _) = runs
-    assert "nrl_shim.quirks.vllm_dist_alias" in full and full_version == "0.32.0+cpu"
+    assert "nrl_shim.quirks.vllm.config.dist_alias" in full and full_version == "0.32.0+cpu"
     assert armed == ["nrl_shim", "nrl_shim._startup", "nrl_shim.plugins"]
     assert version == "0.32.0+cpu" and finders == ["_TargetFinder", "Watcher", "VllmAliasFinder"]
     assert without == "PackageNotFoundError"

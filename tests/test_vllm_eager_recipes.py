@@ -7,7 +7,7 @@ REAL EngineArgs.create_engine_config() of this venv's vLLM in one fresh interpre
 import pytest
 from packaging.version import Version
 
-from nrl_shim.quirks import vllm_eager_recipes as quirk
+from nrl_shim.quirks.vllm.config import eager_recipes as quirk
 from nrl_shim.registry import load_settings
 
 from conftest import run_child_json

@@ -7,7 +7,7 @@ it the draft keeps its own 128-row head and the refit lands in it."""
 
 from vllm_object_tests import requires, run_children, shim_lines
 
-from nrl_shim.quirks import vllm_eagle3_own_lm_head as quirk
+from nrl_shim.quirks.vllm.models import eagle3_own_lm_head as quirk
 
 PATHS = ("gpu_runner_load_eagle_model", "proposer_maybe_share_lm_head")
 

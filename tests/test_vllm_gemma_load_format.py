@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from nrl_shim.explain.tiny_configs import write_config
 from nrl_shim.quirks import _hf_config as hf_config
-from nrl_shim.quirks import vllm_gemma_load_format as quirk
+from nrl_shim.quirks.vllm.config import gemma_load_format as quirk
 from nrl_shim.registry import load_settings
 
 from vllm_helpers import (

@@ -27,7 +27,7 @@ from vllm_net_helpers import (
     vllm_dir,
 )
 
-from nrl_shim.quirks.vllm_mq_bind_retry import AFFECTED, ID
+from nrl_shim.quirks.vllm.runtime.mq_bind_retry import AFFECTED, ID
 
 from conftest import child_env, child_path, run_child_json
 

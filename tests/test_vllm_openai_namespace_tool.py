@@ -25,7 +25,7 @@ from vllm_net_helpers import (
     vllm_dir,
 )
 
-from nrl_shim.quirks.vllm_openai_namespace_tool import ID, MODULE
+from nrl_shim.quirks.vllm.runtime.openai_namespace_tool import ID, MODULE
 
 from conftest import child_env, run_child_json
 
@@ -145,7 +145,7 @@ def test_read_only_site_packages_nemo_rls_rewrite_fails_the_shims_fix_works():
 
 
 def test_unguarded_imports_are_read_from_the_source():
-    from nrl_shim.quirks.vllm_openai_namespace_tool import unguarded_imports
+    from nrl_shim.quirks.vllm.runtime.openai_namespace_tool import unguarded_imports
 
     plain = "from openai.types.responses import (\n    FunctionTool,\n    NamespaceTool,\n)\n"
     guarded = "try:\n    from openai.types.responses import NamespaceTool\nexcept ImportError:\n    pass\n"

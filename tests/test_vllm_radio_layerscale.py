@@ -9,7 +9,7 @@ import pytest
 from nemo_rl_helpers import nemo_rl_source
 from vllm_object_tests import requires, run_children, shim_lines
 
-from nrl_shim.quirks import vllm_radio_layerscale as quirk
+from nrl_shim.quirks.vllm.models import radio_layerscale as quirk
 
 from conftest import run_child_json
 from vllm_helpers import VLLM_VERSION

@@ -23,7 +23,7 @@ from vllm_net_helpers import (
     vllm_dir,
 )
 
-from nrl_shim.quirks.vllm_ray_tcpstore_port import AFFECTED, ID, OFFSET
+from nrl_shim.quirks.vllm.runtime.ray_tcpstore_port import AFFECTED, ID, OFFSET
 
 from conftest import child_env, run_child_json
 

@@ -178,7 +178,7 @@ def test_strict_tool_calling_variable(env, expected):
 
 
 def test_command_line_choices_are_read_from_the_argument_list():
-    from nrl_shim.quirks.vllm_rollout_sampling import named_on_command_line
+    from nrl_shim.quirks.vllm.sampling.rollout_sampling import named_on_command_line
 
     both = frozenset({"generation_config", "logprobs_mode"})
     assert named_on_command_line(["serve", "m", "--max-model-len", "8"]) == frozenset()

@@ -14,7 +14,7 @@ through vLLM's fallback to V0, which the shim must leave working.
 
 import pytest
 
-from nrl_shim.quirks import vllm_v1_runtime as quirk
+from nrl_shim.quirks.vllm.config import v1_runtime as quirk
 
 from vllm_helpers import VLLM_VERSION, build, cpu_has_v1, has_v0_engine, has_v1_variable, model_dirs, requires_vllm
 

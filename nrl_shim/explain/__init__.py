@@ -128,7 +128,9 @@ def _materialize(args, parser, tmp):
 
 def _side_env(shim_on, recipe, extra_disable=None):
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds nrl_shim/
+    import nrl_shim
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(nrl_shim.__file__)))  # holds nrl_shim/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))  # children use this nrl_shim
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["NRL_SHIM"] = "1" if shim_on else "0"

@@ -84,7 +84,7 @@ def main(argv=None):
     try:
         import logging
 
-        from nrl_shim.quirks import _vllm
+        from nrl_shim.quirks.vllm import _common as _vllm
 
         logging.getLogger("vllm").setLevel(logging.ERROR)
         platform = _vllm.use_cpu_platform_if_no_device()
@@ -121,7 +121,7 @@ def main(argv=None):
 
 
 def _vllm_version():
-    from nrl_shim.quirks._vllm import installed_version
+    from nrl_shim.quirks.vllm._common import installed_version
 
     return installed_version()
 

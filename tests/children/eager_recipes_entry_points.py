@@ -5,7 +5,7 @@ import json
 import sys
 
 sys.path.insert(0, sys.argv[1])
-from nrl_shim.quirks import vllm_eager_recipes as q  # noqa: E402
+from nrl_shim.quirks.vllm.config import eager_recipes as q  # noqa: E402
 from nrl_shim.registry import load_settings  # noqa: E402
 
 s = load_settings({})

@@ -25,7 +25,7 @@ def rows_off():
     import vllm.model_executor.model_loader.reload.layerwise as layerwise
 
     from nrl_shim.patching import unwrap
-    from nrl_shim.quirks import vllm_layerwise_refit as quirk
+    from nrl_shim.quirks.vllm.refit import layerwise_refit as quirk
 
     for hook in quirk._ROW_HOOKS:
         unwrap(layerwise, hook, quirk.ID)

@@ -103,7 +103,7 @@ def leftovers(baseline_tasks):
     the loop, live watchdogs and `bounded` async generators (garbage-collected first), tasks not there before."""
     import gc
 
-    from nrl_shim.quirks.vllm_async_timeout import _Watchdog
+    from nrl_shim.quirks.vllm.runtime.async_timeout import _Watchdog
 
     gc.collect()
     loop = asyncio.get_running_loop()

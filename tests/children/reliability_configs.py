@@ -52,7 +52,7 @@ def main():
     import logging
 
     import nrl_shim  # activation follows the environment (NRL_SHIM=0 keeps it off)
-    from nrl_shim.quirks import _vllm
+    from nrl_shim.quirks.vllm import _common as _vllm
 
     logging.getLogger("vllm").setLevel(logging.ERROR)
     _vllm.use_cpu_platform_if_no_device()

@@ -85,7 +85,7 @@ def output(finished=False):
 
 def leftovers():
     """Our watchdog timers still scheduled, and tasks other than the current one."""
-    from nrl_shim.quirks.vllm_async_timeout import _Watchdog
+    from nrl_shim.quirks.vllm.runtime.async_timeout import _Watchdog
 
     loop = asyncio.get_running_loop()
     timers = [

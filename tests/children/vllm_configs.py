@@ -161,7 +161,7 @@ def main():
     import logging
 
     import nrl_shim
-    from nrl_shim.quirks import _vllm
+    from nrl_shim.quirks.vllm import _common as _vllm
 
     logging.getLogger("vllm").setLevel(logging.ERROR)
     _vllm.use_cpu_platform_if_no_device()

@@ -34,7 +34,7 @@ def main(patches_py):
     import vllm.model_executor.models.radio as radio
     from log_records import Records
 
-    from nrl_shim.quirks import vllm_radio_layerscale as quirk
+    from nrl_shim.quirks.vllm.models import radio_layerscale as quirk
 
     found = snippets(patches_py)
     text = open(radio.__file__).read()

