@@ -2,11 +2,13 @@
 end), `report [DIR] [--json]` (what each fix did in every process of a job), `explain` (vLLM demo).
 
 Exit status: 0 success; 1 doctor found the shim unusable here (invalid settings, env activation broken); 2 bad command
-line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (version out of range);
+line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (version out of range, or what
+it needs missing) or a part of one is missing (PARTS);
 `run` otherwise exits with the command's own status.
 """
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -56,11 +58,18 @@ def _env_activation_status():
 # Doctor's states for a fix: what a user needs to know before launching. `applies`: acts, on a verified release;
 # `unverified`: acts, on a release newer than those verified (its checks of what it touches passed); `skipped`: on such
 # a release, something it needs is missing; `out-of-range`: below the releases it supports (skipped); `fixed-upstream`:
-# the installed release has upstream's fix (nothing to do).
+# the installed release has upstream's fix (nothing to do); `part-missing`: acts, but a part of it (PARTS) lacks a name
+# on this release, so the case that part covers is only named when it happens.
 APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
-UNVERIFIED, SKIPPED, FIXED_UPSTREAM = "unverified", "skipped", "fixed-upstream"
-ACTS = (APPLIES, UNVERIFIED)
-SHOWN = {APPLIES: "acts, verified", UNVERIFIED: "acts, unverified", SKIPPED: "skipped"}  # the rest as they are
+UNVERIFIED, SKIPPED, FIXED_UPSTREAM, PART_MISSING = "unverified", "skipped", "fixed-upstream", "part-missing"
+ACTS = (APPLIES, UNVERIFIED, PART_MISSING)
+SHOWN = {
+    APPLIES: "acts, verified",
+    UNVERIFIED: "acts, unverified",
+    SKIPPED: "skipped",
+    PART_MISSING: "acts, part missing",
+}  # the rest as they are
+STRICT_FAILS = (OUT_OF_RANGE, SKIPPED, PART_MISSING)
 EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
 
 
@@ -91,7 +100,7 @@ def _quirk_entry(quirk, settings):
             return entry
         checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared"
         entry["status"], entry["reason"] = UNVERIFIED, f"{unverified}; {checked}"
-        return entry
+        return _with_parts(entry, quirk)
     verified = [
         f"{lib}{spec}"
         for lib, spec in quirk.verified.items()
@@ -103,14 +112,37 @@ def _quirk_entry(quirk, settings):
     entry["status"], entry["reason"] = (IDLE, f"{reason}; nothing to do: {idle}") if idle else (APPLIES, reason)
     if not idle and settings is not None and quirk.describe:
         entry["detail"] = quirk.describe(settings, version)
+    return _with_parts(entry, quirk)
+
+
+def _with_parts(entry, quirk):
+    """A fix that acts, one of whose parts (PARTS) lacks a name on this release: state part-missing, the part and the
+    names in its reason. Doctor imports the modules the parts name (a job checks each when it is imported)."""
+    if entry["status"] == IDLE or not quirk.parts:
+        return entry
+    missing: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n.partition(":")[0] for names in quirk.parts.values() for n in names):
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # gone or broken on this release: that is what its parts miss
+            gone = f"module {name} ({type(exc).__name__}: {exc})"
+            for part, names in quirk.parts.items():
+                if any(n.partition(":")[0] == name for n in names):
+                    missing.setdefault(part, []).append(gone)
+            continue
+        for part, names in quirk.missing_parts(module).items():
+            missing.setdefault(part, []).extend(names)
+    if missing:
+        entry["status"] = PART_MISSING
+        entry["missing_parts"] = missing
+        lacking = "; ".join(f"{part} not covered (missing: {', '.join(names)})" for part, names in missing.items())
+        entry["reason"] = f"{entry['reason']}; part missing: {lacking}"
     return entry
 
 
 def _missing(quirk):
     """What a fix on an unverified release lacks: REQUIRES checked on the modules it names, imported here (doctor
     imports them; a job checks each when it is imported)."""
-    import importlib
-
     missing = []
     for name in dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires):
         try:
@@ -144,7 +176,7 @@ def doctor(as_json=False, strict=False):
     report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
     if report["settings_error"] is not None or not report["env_activation"]["working"]:
         status = EXIT_UNUSABLE
-    elif strict and any(q["status"] in (OUT_OF_RANGE, SKIPPED) for q in report["quirks"]):
+    elif strict and any(q["status"] in STRICT_FAILS for q in report["quirks"]):
         status = EXIT_STRICT
     else:
         status = EXIT_OK
@@ -194,17 +226,29 @@ def _print_doctor(report, strict=False):
     if status == EXIT_UNUSABLE:
         print("verdict: NOT ready (exit 1): fix the settings or the install above")
     elif status == EXIT_STRICT:
-        why = "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
-        print(f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}")
+        if any(q["status"] in (OUT_OF_RANGE, SKIPPED) for q in report["quirks"]):
+            why = (
+                "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
+            )
+            print(f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}")
+        else:
+            print(f"verdict: a part of a fix is missing here (exit 3, --strict): {_parts(report['quirks'])}")
     else:
         old = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
         lacking = [q["id"] for q in report["quirks"] if q["status"] == SKIPPED]
+        parts = _parts(report["quirks"])
         print(
             f"verdict: ready; {_tally(report['quirks'])}"
             + (f"; skipped for their version: {', '.join(old)}" if old else "")
             + (f"; skipped for what they lack: {', '.join(lacking)}" if lacking else "")
-            + (" (--strict makes that exit 3)" if old or lacking else "")
+            + (f"; part missing: {parts}" if parts else "")
+            + (" (--strict makes that exit 3)" if old or lacking or parts else "")
         )
+
+
+def _parts(quirks):
+    """The fixes with a part missing, e.g. "vllm-layerwise-refit (refits in a row)"."""
+    return ", ".join(f"{q['id']} ({', '.join(q['missing_parts'])})" for q in quirks if q["status"] == PART_MISSING)
 
 
 def _tally(quirks):
@@ -318,7 +362,9 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
     doc = sub.add_parser("doctor", help="versions, effective settings, which fixes apply here and why")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
-    doc.add_argument("--strict", action="store_true", help="exit 3 when a fix would be skipped for its version")
+    doc.add_argument(
+        "--strict", action="store_true", help="exit 3 when a fix would be skipped, or a part of one is missing"
+    )
     sub.add_parser(
         "run", help="run a command with the shim active in it and all its children, then report: run -- CMD ..."
     )

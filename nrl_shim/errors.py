@@ -22,7 +22,8 @@ class ShimTimeoutError(ShimError, TimeoutError):
 
 
 class RefitIncompleteError(ShimError, RuntimeError):
-    """Strict mode: a model loaded with dummy weights is about to generate while some of them were never refit."""
+    """Strict mode: a refit left a model's weights wrong or incomplete (dummy weights never refit, a write the shim
+    can't bring into the kernel's layout on this release) and the model is about to generate from them."""
 
 
 class PluginError(ShimError, RuntimeError):

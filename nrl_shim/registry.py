@@ -18,6 +18,14 @@ A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk A
     REQUIRES                -- optional: what the fix touches, as "module:Attr.path" or "module:Attr.path(a, b)" (the
                                callable's first parameters after self, by name); `module` is one of TARGETS, checked
                                on that module right after it executed, before patch(), on unverified releases only
+    PARTS                   -- optional {part: ("module:Attr.path", ...)}: names (REQUIRES' syntax, checked by the same
+                               code) that only one part of the fix relies on, a part the fix can do without. Checked
+                               on EVERY release, on each target module right after it executed, before patch(). A
+                               part whose name is missing: one WARNING per process naming the fix, the part and the
+                               name (never an error at start-up: the job may never meet the case); the fix still
+                               acts, and asks registry.missing_part(ID, part) where the case happens, to warn then
+                               (strict mode: raise its own error) or cover it another way. doctor shows it as
+                               "acts, part missing"; `doctor --strict` exits 3 naming it
     check(module) -> str|None -- optional: further checks of a target module on unverified releases (e.g. a marker in
                                its source); returns what is missing, or None
     SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable, parsed by one of the parsers
@@ -85,6 +93,7 @@ _FROM_MODULE = frozenset(
         "fixed_by",
         "verified",
         "requires",
+        "parts",
         "check",
         "setup",
         "describe",
@@ -115,6 +124,7 @@ class Quirk:
     fixed_by: "str | None"
     verified: "dict[str, str]"  # distribution -> specifier of the releases verified (LIBRARY's and ALSO_REQUIRES')
     requires: "tuple[str, ...]"
+    parts: "dict[str, tuple[str, ...]]"  # part -> the names only it relies on (PARTS)
     check: "Callable[[ModuleType], str | None] | None"
     setup: "Callable[[Settings], None] | None"
     describe: "Callable[[Settings, str | None], str] | None"
@@ -178,6 +188,7 @@ class Quirk:
             ("fixed_by", getattr(module, "FIXED_BY", None)),
             ("verified", _verified(module)),
             ("requires", tuple(getattr(module, "REQUIRES", ()))),
+            ("parts", {part: tuple(names) for part, names in dict(getattr(module, "PARTS", {})).items()}),
             ("check", getattr(module, "check", None)),
             ("setup", getattr(module, "setup", None)),
             ("describe", getattr(module, "describe", None)),
@@ -203,6 +214,8 @@ class Quirk:
         return f"<Quirk {self.id} from {self.module_name}>"
 
     def patch(self, module: "ModuleType", settings: "Settings") -> None:
+        if self.parts:  # before patch(): the fix's code may ask missing_part() while patching
+            _note_parts(self, module)
         self._handlers[module.__name__][0](module, settings)
 
     def unpatch(self, module: "ModuleType") -> None:
@@ -268,6 +281,51 @@ class Quirk:
             if found:
                 missing.append(found)
         return missing
+
+    def missing_parts(self, module: "ModuleType") -> "dict[str, list[str]]":
+        """{part: its PARTS names in target `module` that are not there}, for the parts lacking one; {} when none is."""
+        found = {}
+        for part, names in self.parts.items():
+            lacking = [name for name in names if name.partition(":")[0] == module.__name__ and not _has(module, name)]
+            if lacking:
+                found[part] = lacking
+        return found
+
+
+# (quirk id, part) -> the names that part lacks on this release, as found at its target modules' import.
+_MISSING_PARTS: "dict[tuple[str, str], list[str]]" = {}
+
+
+def _note_parts(quirk: "Quirk", module: "ModuleType") -> None:
+    """Check a target module for the quirk's PARTS: each part lacking a name is recorded (missing_part) and named in
+    one WARNING per process."""
+    try:
+        lacking = quirk.missing_parts(module)
+    except Exception as exc:  # a check that fails says what it could not read, and the part counts as missing
+        lacking = {
+            part: [f"its check of {module.__name__} failed: {type(exc).__name__}: {exc}"] for part in quirk.parts
+        }
+    if not lacking:
+        return
+    from . import report
+
+    for part, names in lacking.items():
+        known = _MISSING_PARTS.setdefault((quirk.id, part), [])
+        known.extend(name for name in names if name not in known)
+        report.warn_once(
+            quirk.id,
+            f"part {part}: {', '.join(names)}",
+            f"[{quirk.id}] acts, but not for {part} on this release: {module.__name__} lacks {', '.join(names)}; "
+            f"when that case happens it is named then (an error in strict mode)",
+        )
+
+
+def missing_part(quirk_id: str, part: str) -> "str | None":
+    """What part `part` (a key of its PARTS) of fix `quirk_id` lacks on this release, e.g.
+    "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process", as found when its target modules were
+    imported; None when nothing is (or none of them was imported yet). For the fix's own code where the case happens."""
+    names = _MISSING_PARTS.get((quirk_id, part))
+    return ", ".join(names) if names else None
 
 
 def _verified(module: "ModuleType") -> "dict[str, str]":

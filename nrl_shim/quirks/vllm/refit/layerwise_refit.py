@@ -28,6 +28,10 @@ How, in the process that holds the model:
   tensors where they are in the checkpoint's layout; a re-laid-out one keeps what was processed, silently when the
   part repeats the values (a float64 sum per write), else named in a warning (the rest of its weights are gone from
   the checkpoint's layout).
+- A release whose reload module lacks one of those hooks (PARTS, checked on every release): one WARNING at start-up
+  names it; the fix acts for one refit per forward, and a later load_weights call's write into a layer vLLM already
+  processed in the bracket (the next refit in a row) is named as it happens: a warning, RefitIncompleteError in strict
+  mode.
 - The CPU build's fused-MoE experts: vLLM's `UnquantizedFusedMoEMethod._setup_kernel` skips the CPU prepack on a
   weight update (it runs `fused_experts.process_weights_after_loading` on the first call only), so even vLLM's own
   reload_weights leaves checkpoint-layout experts in the prepacked storage. The shim prepacks again when the experts
@@ -72,6 +76,10 @@ TARGETS = (
 )
 # What the layerwise reload calls by its module's name (0.32.0), for refits in a row within one bracket.
 _ROW_HOOKS = ("_layerwise_process", "finalize_layerwise_processing", "get_numel_loaded")
+_ROWS_PART = "refits in a row"
+# A release without them: the fix still acts for one refit per forward; a write into a layer vLLM already processed in
+# the bracket (the next refit in a row, a tensor sent again) is named as it happens (strict: RefitIncompleteError).
+PARTS = {_ROWS_PART: tuple(f"vllm.model_executor.model_loader.reload.layerwise:{hook}" for hook in _ROW_HOOKS)}
 RELOAD_SINCE = "0.20"  # first release here with vllm/model_executor/model_loader/reload/ (read in the wheels)
 MODES = ("reload", "guard")
 SETTINGS = (
@@ -254,9 +262,15 @@ class _Refits:
         self.reopened: dict = {}
         self.rounds: dict = {}
         self.done: dict = {}
+        # Where the release lacks the row hooks: the re-laid-out layers (found on first need) and, per layer vLLM
+        # processed in our bracket, its parameters' loaders as they were ({id(layer): [(parameter, loader)]}).
+        self.layers = None
+        self.watched: dict = {}
 
     def before_call(self, model):
         if self.open:
+            if not _ROWS["ready"]:
+                self._watch_processed(model)
             return
         if _bracketed_by_caller(model):
             from nrl_shim import report
@@ -277,17 +291,14 @@ class _Refits:
                 self._track(layer)
             from nrl_shim import report
 
-            rows = (
-                "any number of refits until then, a layer written again reloaded again"
-                if _ROWS["ready"]
-                else "NOT covered on this release: a second refit or a second write of a layer before that forward"
-            )
+            # Without the row hooks, a refit in a row is named when it happens (_watch_processed), not here.
+            rows = "; any number of refits until then, a layer written again reloaded again" if _ROWS["ready"] else ""
             report.changed(
                 ID,
                 f"refit of {self.label} through load_weights ({len(self.relaid)} layers re-laid out after loading, "
                 f"e.g. {self.relaid[0]})",
                 "checkpoint layout written into the kernel's",
-                f"vLLM's layerwise reload (initialize_layerwise_reload; finalized before the next forward; {rows})",
+                f"vLLM's layerwise reload (initialize_layerwise_reload; finalized before the next forward{rows})",
                 _WHY,
             )
         else:
@@ -307,6 +318,7 @@ class _Refits:
 
     def finish(self, model):
         """Close our bracket (the refit's layers processed into the kernel's layout), or name what a raw refit wrote."""
+        self._unwatch_processed()
         if self.open:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
@@ -315,6 +327,62 @@ class _Refits:
         elif self.raw:
             self.raw = False
             self._report()
+
+    # --- refits in a row where the release lacks the hooks (PARTS): a write into a processed layer is named ---
+
+    def _watch_processed(self, model):
+        """A later load_weights call in our bracket: each re-laid-out layer vLLM processed meanwhile takes further
+        writes raw, over its kernel layout. Its parameters' loaders name such a write as it happens."""
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+        if self.layers is None:
+            modules = dict(model.named_modules())
+            self.layers = [(name, modules[name]) for name in self.relaid if name in modules]
+        for name, layer in self.layers:
+            if id(layer) in self.watched or get_layerwise_info(layer).can_load():
+                continue
+            self.watched[id(layer)] = []
+            for param in layer.parameters(recurse=False):
+                loader = getattr(param, "weight_loader", None)
+                if loader is not None:
+                    self.watched[id(layer)].append((param, vars(param).get("weight_loader", _NONE)))
+                    param.weight_loader = self._written_again(name, loader)
+
+    def _unwatch_processed(self):
+        for watched in self.watched.values():
+            for param, previous in watched:
+                if previous is _NONE:
+                    vars(param).pop("weight_loader", None)
+                else:
+                    param.weight_loader = previous
+        self.watched = {}
+
+    def _written_again(self, name, loader):
+        import functools
+
+        @functools.wraps(loader)
+        def written_again(*args, **kwargs):
+            self._report_row(name)
+            return loader(*args, **kwargs)
+
+        return written_again
+
+    def _report_row(self, layer):
+        from nrl_shim import registry, report
+
+        missing = registry.missing_part(ID, _ROWS_PART) or "its hooks into vLLM's layerwise reload are not in place"
+        message = (
+            f"[{ID}] two refits in a row with no forward between on {self.label}: {layer}, already processed into "
+            f"the kernel's layout in this refit's layerwise reload, is written again, raw, in the checkpoint's layout "
+            f"(scrambled rollouts, no error from vLLM): {_ROWS_PART} is not covered on this release (missing: "
+            f"{missing}). Run a forward (a rollout) between refits, send each tensor once, or refit with vLLM's "
+            f"reload_weights. See {LINK}"
+        )
+        if self.settings.strict:
+            from nrl_shim.errors import RefitIncompleteError
+
+            raise RefitIncompleteError(message + f" (NRL_SHIM_STRICT=1; NRL_SHIM_DISABLE={ID} turns this off)")
+        report.warn_once(ID, f"{self.label} {_ROWS_PART}", message)
 
     # --- refits in a row: layers processed within our bracket are reopened for the writes that follow ---
 
@@ -436,6 +504,7 @@ class _Refits:
         report.warn_once(ID, self.label, message)
 
     def stop(self):
+        self._unwatch_processed()
         for key, entry in list(_OPEN.items()):
             if entry[1] is self:
                 del _OPEN[key]
@@ -471,6 +540,7 @@ _TRACKED: "dict[int, tuple]" = {}
 _OPEN: "dict[int, tuple]" = {}  # id(layer of a model with our bracket open) -> (weakref, its _Refits, ids of its tensors)
 _ROWS = {"ready": False}  # the layerwise module's hooks are in place (refits in a row covered)
 _TORCHAO = ("_original_do_torchao_reload", "_do_torchao_reload")
+_NONE = object()  # a parameter without its own weight_loader attribute
 
 
 def _ref(tensor):
