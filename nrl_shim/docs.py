@@ -5,8 +5,8 @@ instead of importing every quirk module (and a plugin-index scan, for the plan o
 The built-in quirks are the entry points of the group `nrl_shim.quirks` in pyproject.toml (read here with tomllib, so
 the index is generated from a source checkout). After adding or changing a quirk or a setting: `python -m nrl_shim.docs`
 rewrites the index and, in a checkout, the tables between their markers (`<!-- generated: NAME -->` ...
-`<!-- end generated -->`), and docs/quirks.md's contents and each section's "Applies to" line; tests fail while any
-is stale. The tables and sections list the built-ins only (plugins document theirs).
+`<!-- end generated -->`), docs/quirks.md's contents and each section's "Applies to" line, and
+sitecustomize_example/sitecustomize.py (a copy of nrl_shim/_bootstrap/sitecustomize.py); tests fail while any is stale. The tables and sections list the built-ins only (plugins document theirs).
 """
 
 from __future__ import annotations
@@ -187,6 +187,23 @@ def render_quirk_page(text: str, quirk_list: Iterable[Quirk] | None = None) -> s
     return render(text, {"contents": lambda: quirk_page_contents(text)})
 
 
+# ------------------------------------------------------------------------------------------ sitecustomize_example/
+# The sitecustomize.py a user copies into an image that can't use the .pth is the package's own start-up hook for such
+# interpreters, written out with a header: one text to maintain, and the copy works without the package's files.
+BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap" / "sitecustomize.py"
+SITECUSTOMIZE_EXAMPLE = "sitecustomize_example/sitecustomize.py"
+_EXAMPLE_HEADER = (
+    "# nrl-shim's start-up hook for an image without nrl_shim.pth: copy this file into a directory of its own at the\n"
+    "# front of sys.path (see README.md here). Written by `python -m nrl_shim.docs` from\n"
+    "# nrl_shim/_bootstrap/sitecustomize.py (edit that one; tests fail while this copy differs).\n"
+)
+
+
+def sitecustomize_example_source() -> str:
+    """The text of sitecustomize_example/sitecustomize.py: the header, then nrl_shim/_bootstrap/sitecustomize.py."""
+    return _EXAMPLE_HEADER + BOOTSTRAP.read_text()
+
+
 def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
     """Rewrite the generated tables of the docs in a checkout (nothing in an installed package); the files changed."""
     changed: list[str] = []
@@ -201,6 +218,12 @@ def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
         if new != text:
             path.write_text(new)
             changed.append(name)
+    example = root / SITECUSTOMIZE_EXAMPLE
+    if example.parent.is_dir():
+        source = sitecustomize_example_source()
+        if not example.is_file() or example.read_text() != source:
+            example.write_text(source)
+            changed.append(SITECUSTOMIZE_EXAMPLE)
     page = root / QUIRK_PAGE
     if page.is_file():
         text = page.read_text()
