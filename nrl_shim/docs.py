@@ -11,6 +11,7 @@ sitecustomize_example/sitecustomize.py (a copy of nrl_shim/_bootstrap/sitecustom
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -181,7 +182,7 @@ def render_quirk_page(text: str, quirk_list: Iterable[Quirk] | None = None) -> s
         at = after.start() if after else len(text)
         text = text[:at] + "".join(_new_section(q) for q in missing) + text[at:]
     blocks: dict[str, Callable[[], str]] = {
-        f"applies-{quirk_id}": (lambda q=q: quirk_lines(q)) for quirk_id, q in declared.items()
+        f"applies-{quirk_id}": functools.partial(quirk_lines, q) for quirk_id, q in declared.items()
     }
     text = render(text, blocks)
     return render(text, {"contents": lambda: quirk_page_contents(text)})
