@@ -32,7 +32,17 @@ def child(model, tokens):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True)
+    # A fixed KV cache: with vLLM's default share of memory (0.92, of host memory on the CPU build) the engine refuses
+    # to start once other work holds 8 % of the RAM; kv_cache_memory_bytes (vLLM 0.11+, as logprobs_mode needs 0.10.1+)
+    # skips that check and sizes the cache itself, as the tests' engines do.
+    llm = LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 << 20,
+    )
     params = SamplingParams(
         temperature=0.7, top_p=0.8, max_tokens=tokens, logprobs=5, ignore_eos=True, detokenize=False
     )

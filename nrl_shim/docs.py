@@ -5,11 +5,13 @@ instead of importing every quirk module (and a plugin-index scan, for the plan o
 The built-in quirks are the entry points of the group `nrl_shim.quirks` in pyproject.toml (read here with tomllib, so
 the index is generated from a source checkout). After adding or changing a quirk or a setting: `python -m nrl_shim.docs`
 rewrites the index and, in a checkout, the tables between their markers (`<!-- generated: NAME -->` ...
-`<!-- end generated -->`); tests fail while any is stale. The tables list the built-ins only (plugins document theirs).
+`<!-- end generated -->`), docs/quirks.md's contents and each section's "Applies to" line, and
+sitecustomize_example/sitecustomize.py (a copy of nrl_shim/_bootstrap/sitecustomize.py); tests fail while any is stale. The tables and sections list the built-ins only (plugins document theirs).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -110,6 +112,99 @@ def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
     return _BLOCK.sub(body, text)
 
 
+# ------------------------------------------------------------------------------------------------- docs/quirks.md
+# One section per quirk, headed "## `<id>`", hand-written but for two generated parts: each section's "Applies to" and
+# "Settings" lines (block `applies-<id>`) and the page's contents (block `contents`, from the page's own headings, so
+# no entry is stale and every anchor resolves). A declared quirk without a section gets one (its summary and link, to
+# be written out by hand); a section whose id is no longer declared is an error naming it.
+QUIRK_PAGE = "docs/quirks.md"
+_LIBRARY_NAMES = {"vllm": "vLLM", "ray": "Ray"}
+_SECTION = re.compile(r"^## `(?P<id>[\w.-]+)`$", re.M)
+_HEADING = re.compile(r"^## (?P<title>.+)$", re.M)
+
+
+def _marker(name: str) -> str:
+    return f"<!-- generated: {name} (python -m nrl_shim.docs) -->\n"
+
+
+def quirk_lines(quirk: Quirk) -> str:
+    """A quirk's generated lines in docs/quirks.md: the versions it applies to (each library's bug range, the releases
+    it is verified on where they differ, the upstream fix ending the range) and its settings."""
+    ranges = []
+    for lib, versions in {quirk.library: quirk.versions, **quirk.also_requires}.items():
+        verified = quirk.verified.get(lib, versions)
+        name = _LIBRARY_NAMES.get(lib, lib)
+        ranges.append(f"{name} `{versions}`" + (f" (verified `{verified}`)" if verified != versions else ""))
+    line = "**Applies to:** " + ", ".join(ranges)
+    if quirk.fixed_by:
+        line += f"; fixed upstream by <{quirk.fixed_by}>"
+    line += "."
+    if quirk.settings:
+        line += " **Settings:** " + ", ".join(f"[`{v.name}`](settings.md)" for v in quirk.settings)
+    return line
+
+
+def heading_anchor(title: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def quirk_page_contents(text: str) -> str:
+    """The contents line of docs/quirks.md: every `## ` heading of the page, in order, linked to its anchor."""
+    return "Contents: " + ", ".join(f"[{m['title']}](#{heading_anchor(m['title'])})" for m in _HEADING.finditer(text))
+
+
+def quirk_page_sections(text: str) -> list[str]:
+    """The quirk ids docs/quirks.md has a section for, in page order."""
+    return [m["id"] for m in _SECTION.finditer(text)]
+
+
+def _new_section(quirk: Quirk) -> str:
+    return (
+        f"## `{quirk.id}`\n\n{quirk.summary}\n\n{_marker('applies-' + quirk.id)}<!-- end generated -->\n\n"
+        f"**Why:** <{quirk.link}>\n\n"
+    )
+
+
+def render_quirk_page(text: str, quirk_list: Iterable[Quirk] | None = None) -> str:
+    """docs/quirks.md's text with a section added for each declared quirk that has none (after the last quirk
+    section), each section's generated lines and the contents rewritten. ValueError names a section whose quirk is
+    not declared (merge its text into the right section and delete it)."""
+    declared = {q.id: q for q in (builtin_quirks() if quirk_list is None else quirk_list)}
+    present = quirk_page_sections(text)
+    stale = [quirk_id for quirk_id in present if quirk_id not in declared]
+    if stale:
+        raise ValueError(f"{QUIRK_PAGE}: section(s) for quirk(s) no longer declared: {stale}; merge and delete them")
+    missing = [q for quirk_id, q in declared.items() if quirk_id not in present]
+    if missing:
+        sections = list(_SECTION.finditer(text))
+        after = _HEADING.search(text, sections[-1].end()) if sections else None
+        at = after.start() if after else len(text)
+        text = text[:at] + "".join(_new_section(q) for q in missing) + text[at:]
+    blocks: dict[str, Callable[[], str]] = {
+        f"applies-{quirk_id}": functools.partial(quirk_lines, q) for quirk_id, q in declared.items()
+    }
+    text = render(text, blocks)
+    return render(text, {"contents": lambda: quirk_page_contents(text)})
+
+
+# ------------------------------------------------------------------------------------------ sitecustomize_example/
+# The sitecustomize.py a user copies into an image that can't use the .pth is the package's own start-up hook for such
+# interpreters, written out with a header: one text to maintain, and the copy works without the package's files.
+BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap" / "sitecustomize.py"
+SITECUSTOMIZE_EXAMPLE = "sitecustomize_example/sitecustomize.py"
+_EXAMPLE_HEADER = (
+    "# nrl-shim's start-up hook for an image without nrl_shim.pth: copy this file into a directory of its own at the\n"
+    "# front of sys.path (see README.md here). Written by `python -m nrl_shim.docs` from\n"
+    "# nrl_shim/_bootstrap/sitecustomize.py (edit that one; tests fail while this copy differs).\n"
+)
+
+
+def sitecustomize_example_source() -> str:
+    """The text of sitecustomize_example/sitecustomize.py: the header, then nrl_shim/_bootstrap/sitecustomize.py."""
+    return _EXAMPLE_HEADER + BOOTSTRAP.read_text()
+
+
 def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
     """Rewrite the generated tables of the docs in a checkout (nothing in an installed package); the files changed."""
     changed: list[str] = []
@@ -124,6 +219,19 @@ def write_generated_docs(root: Path = CHECKOUT) -> list[str]:
         if new != text:
             path.write_text(new)
             changed.append(name)
+    example = root / SITECUSTOMIZE_EXAMPLE
+    if example.parent.is_dir():
+        source = sitecustomize_example_source()
+        if not example.is_file() or example.read_text() != source:
+            example.write_text(source)
+            changed.append(SITECUSTOMIZE_EXAMPLE)
+    page = root / QUIRK_PAGE
+    if page.is_file():
+        text = page.read_text()
+        new = render_quirk_page(text)
+        if new != text:
+            page.write_text(new)
+            changed.append(QUIRK_PAGE)
     return changed
 
 
@@ -266,4 +374,4 @@ if __name__ == "__main__":
     changed = write_quirk_index()
     sys.stdout.write(f"{INDEX_PATH}: {'rewritten' if changed else 'up to date'}\n")
     for name in write_generated_docs():
-        sys.stdout.write(f"{CHECKOUT / name}: tables rewritten\n")
+        sys.stdout.write(f"{CHECKOUT / name}: generated parts rewritten\n")

@@ -75,6 +75,13 @@ def run_child_json(name, *args, env=None, **kw):
     return _last_json(proc), proc
 
 
+def run_child_cases(name, cases, tmp_path, env=None, timeout=900):
+    """Run child program `name` with `cases` as one JSON argument, in tmp_path; return the JSON it prints last. The
+    case runner of the engine tests whose child takes its cases on the command line (run_case: from a file)."""
+    out, _ = run_child_json(name, json.dumps(cases), env=env, timeout=timeout, cwd=tmp_path)
+    return out
+
+
 def last_json_object(stdout):
     """The last line of `stdout` that starts with a JSON object, read up to that object's end: vLLM's processes log to
     the same stdout, also at exit, and a line of theirs can land right after the result without a newline."""

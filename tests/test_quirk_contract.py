@@ -3,6 +3,7 @@ own quirks (nrl_shim.testing.QuirkContract, ddtrace's PatchTestCase idea): a new
 registered. Each runs in fresh interpreters (python -m nrl_shim.testing.contract_child) against the real libraries of
 this venv; a quirk whose library is absent or out of range here is skipped with the reason."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,47 @@ def test_docs_tables_are_the_declarations():
             assert found.get(block) == make() + "\n", (
                 f"{name}: the generated table {block!r} is out of date: run `python -m nrl_shim.docs`"
             )
+
+
+def test_quirk_page_has_a_section_per_quirk_with_its_generated_lines():
+    # docs/quirks.md: one section per declared quirk (none for an undeclared one), its "Applies to" line what the
+    # declaration gives, the contents every heading of the page and nothing else, each link to an anchor that exists.
+    from nrl_shim import docs
+
+    text = (Path(SOURCE_ROOT) / docs.QUIRK_PAGE).read_text()
+    declared = [q.id for q in docs.builtin_quirks()]
+    assert sorted(docs.quirk_page_sections(text)) == sorted(declared)
+    found = docs.generated_blocks(text)
+    for quirk in docs.builtin_quirks():
+        assert found.get(f"applies-{quirk.id}") == docs.quirk_lines(quirk) + "\n", (
+            f"{docs.QUIRK_PAGE}: {quirk.id}'s generated lines are out of date: run `python -m nrl_shim.docs`"
+        )
+    assert docs.render_quirk_page(text) == text, f"{docs.QUIRK_PAGE} is out of date: run `python -m nrl_shim.docs`"
+    anchors = {docs.heading_anchor(m["title"]) for m in docs._HEADING.finditer(text)}
+    linked = re.findall(r"\]\(#([^)]+)\)", found["contents"])
+    assert set(linked) == anchors and len(linked) == len(anchors)
+    assert {f"{quirk_id}" for quirk_id in declared} <= set(linked)
+
+
+def test_quirk_page_adds_a_section_for_a_new_quirk_and_names_a_stale_one():
+    from nrl_shim import docs
+
+    quirk, other = docs.builtin_quirks()[:2]
+    text = (
+        "# The quirks\n\n<!-- generated: contents (python -m nrl_shim.docs) -->\n<!-- end generated -->\n\n"
+        f"## `{quirk.id}`\n\nby hand\n\n<!-- generated: applies-{quirk.id} (python -m nrl_shim.docs) -->\nold\n"
+        "<!-- end generated -->\n\n## What the log says\n\nkept\n"
+    )
+    out = docs.render_quirk_page(text, [quirk, other])
+    assert docs.quirk_page_sections(out) == [quirk.id, other.id]
+    assert out.index(f"## `{other.id}`") < out.index("## What the log says")
+    assert docs.generated_blocks(out)[f"applies-{other.id}"] == docs.quirk_lines(other) + "\n"
+    assert docs.generated_blocks(out)["contents"] == (
+        f"Contents: [`{quirk.id}`](#{quirk.id}), [`{other.id}`](#{other.id}), [What the log says](#what-the-log-says)\n"
+    )
+    assert docs.render_quirk_page(out, [quirk, other]) == out
+    with pytest.raises(ValueError, match=f"no longer declared: \\['{quirk.id}'\\]"):
+        docs.render_quirk_page(text, [other])
 
 
 def test_docs_generation_rewrites_only_the_blocks(tmp_path):

@@ -18,18 +18,12 @@ import sys
 
 import pytest
 
-from conftest import child_env, run_child_json
-from vllm_helpers import REAL_ENGINE
+from conftest import child_env, run_child_cases
+from vllm_helpers import real_engine
 
 PROMPTS = [[5, 17, 42], [100, 3, 9, 11], [250, 251], [7, 8, 9, 10, 11]]
 MAX_TOKENS = 8
 STALE_HEAD = "lm_head."  # a refit of the LM head alone
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +57,7 @@ def case(name, models, load_format="dummy", dtype="float32", refits=()):
 
 
 def run_cases(tmp_path, cases, env):
-    out, _ = run_child_json("cpu_refit_engine", json.dumps(cases), env=env, timeout=900, cwd=tmp_path)
+    out = run_child_cases("cpu_refit_engine", cases, tmp_path, env)
     return out
 
 

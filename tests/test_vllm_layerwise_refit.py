@@ -13,13 +13,12 @@ twice within one refit, vLLM's reload_weights before and after ours) — scrambl
 it was before it covered rows.
 """
 
-import json
 import statistics
 
 import pytest
 
-from conftest import run_child_json
-from vllm_helpers import REAL_ENGINE
+from conftest import run_child_cases
+from vllm_helpers import real_engine
 
 PROMPTS = [[5, 17, 42], [100, 3, 9, 11], [250, 251]]
 MAX_TOKENS = 8
@@ -35,12 +34,6 @@ def right(found, dtype):
     flips a near-tie now and then: checkpoint b of Qwen2-MoE measures 0.12, 0.87, 0.14 after any right refit; a
     scrambled one measures > 5 on most prompts)."""
     return (max(found) if dtype == "float32" else statistics.median(found)) < TOLERANCE[dtype]
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +106,7 @@ def checked(sent, out):
 
 
 def run_cases(tmp_path, cases, env):
-    out, _ = run_child_json("layerwise_refit_engine", json.dumps(cases), env=env, timeout=900, cwd=tmp_path)
+    out = run_child_cases("layerwise_refit_engine", cases, tmp_path, env)
     out["sent"] = {sent["name"]: sent for sent in cases}
     return out
 

@@ -12,15 +12,9 @@ import pytest
 from packaging.version import Version
 
 from conftest import run_child_json
-from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE, reported_names
+from vllm_helpers import INSTALLED_VLLM, real_engine, reported_names
 
 VLLM = INSTALLED_VLLM
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 # Layer 1's tensors: the norms, and the linear weights (the guard compares those on the CPU build only while the

