@@ -12,17 +12,11 @@ from relabel import relabeled_venv
 from test_version_policy import NEXT_VLLM
 from test_vllm_layerwise_refit import SCRAMBLED, TOLERANCE, case, gaps, ours, row
 
-from vllm_helpers import INSTALLED_VLLM, REAL_ENGINE
+from vllm_helpers import INSTALLED_VLLM, real_engine
 
 ID = "vllm-layerwise-refit"
 LAYERWISE = "vllm/model_executor/model_loader/reload/layerwise.py"
 GONE = "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process"
-
-
-def real_engine(test):
-    for mark in REAL_ENGINE:
-        test = mark(test)
-    return test
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +57,9 @@ def _refits(python, models, tmp_path, env):
     return _last_json(proc)
 
 
+# CI's time: the WARNING and strict error themselves are shown in tests/test_quirk_parts.py; this is the same on a
+# real engine (two engine starts, ~4.5 min), run in `nox -t full`.
+@pytest.mark.full
 @real_engine
 def test_a_missing_row_hook_is_named_at_start_up_and_when_two_refits_in_a_row_happen(
     vllm_lacking_row_hook, models, tmp_path
