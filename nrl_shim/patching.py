@@ -3,10 +3,15 @@
 Each layer we add is marked with its quirk id, so wrap() is idempotent and unwrap() removes exactly our layer.
 If another wrapper was stacked over ours, removing ours would need rewriting theirs, so unwrap() instead turns our
 layer into a pass-through and a later wrap() turns it back on: either way the fix is applied exactly once.
+
+wrap_instance()/unwrap_instance() do the same for a method of one object (a model's load_weights): the layers live in
+the object's own __dict__, other objects of its class are untouched, and once every layer there is off the object's own
+attribute is gone again (its class's method shows through) or, if it had one before, that one is back.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 from collections.abc import Callable
@@ -145,3 +150,104 @@ def rebind(modules: list[Any], name: str, old: Any, new: Any) -> None:
     for module in modules:
         if module is not None and getattr(module, "__dict__", {}).get(name) is old:
             setattr(module, name, new)
+
+
+class _InstanceShimWrapper(wrapt.FunctionWrapper):
+    """One quirk's layer over a method of one object, stored in that object's __dict__ (never bound again: instance
+    attributes are not descriptors). `_self_restore` is what the object held before our first layer there: the object's
+    own attribute, or _CLASS_METHOD (its class's method, a bound copy of which this wraps), or None on a layer that
+    sits over another of ours."""
+
+    _self_restore: Any
+
+    @property
+    def _self_layer(self) -> _Layer:
+        layer: _Layer = self._self_wrapper  # type: ignore[assignment,unused-ignore]
+        return layer
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy of the object is watched by no quirk: it gets what the object held before our layers.
+        return self.__wrapped__.__reduce_ex__(protocol)  # type: ignore[attr-defined,unused-ignore]
+
+    def __copy__(self) -> Any:
+        return self.__wrapped__  # type: ignore[attr-defined,unused-ignore]
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return copy.deepcopy(self.__wrapped__, memo)  # type: ignore[attr-defined,unused-ignore]
+
+
+_CLASS_METHOD = object()  # _self_restore: the object had no attribute of its own
+
+
+def _instance_layers(top: Any) -> list[_InstanceShimWrapper]:
+    """Our instance layers in the chain under (and including) `top`, outermost first; a foreign wrapper over or
+    between ours is looked through (its __wrapped__). Stops at our bottom layer: below it is the object's original."""
+    layers, seen = [], set()
+    while top is not None and id(top) not in seen:
+        seen.add(id(top))
+        if isinstance(top, _InstanceShimWrapper):
+            layers.append(top)
+            if top._self_restore is not None:
+                break
+        top = getattr(top, "__wrapped__", None)
+    return layers
+
+
+def _instance_layer(obj: Any, name: str, quirk_id: str) -> _InstanceShimWrapper | None:
+    own = getattr(obj, "__dict__", {}).get(name)
+    for wrapper in _instance_layers(own):
+        if wrapper._self_layer.quirk_id == quirk_id:
+            return wrapper
+    return None
+
+
+def wrap_instance(obj: Any, name: str, wrapper: Wrapper, quirk_id: str) -> None:
+    """Wrap the method `name` of this one object (not its class) with wrapper(wrapped, instance, args, kwargs).
+
+    Same rules as wrap(): idempotent per quirk id (wrapping again keeps one layer, enables it and makes `wrapper` the
+    one it calls); each quirk's layer is its own, whatever order they are added and removed in. Raises AttributeError
+    when the object has no such attribute, TypeError when it has no __dict__ to hold the layer.
+    """
+    found = _instance_layer(obj, name, quirk_id)
+    if found is not None:
+        found._self_layer.wrapper, found._self_layer.enabled = wrapper, True
+        return
+    namespace = vars(obj)
+    current = getattr(obj, name)  # the object's own attribute (maybe our layers) or its class's method, bound
+    # What unwrap_instance puts back once every layer is off; None on a layer over ours (the bottom one knows).
+    restore: Any = _CLASS_METHOD
+    if name in namespace:
+        restore = None if _instance_layers(namespace[name]) else namespace[name]
+    layer = _InstanceShimWrapper(current, _Layer(quirk_id, wrapper))
+    layer._self_restore = restore
+    namespace[name] = layer
+
+
+def unwrap_instance(obj: Any, name: str, quirk_id: str) -> None:
+    """Remove quirk_id's layer from obj.name; the other quirks' layers stay as they are (enabled or not).
+
+    A layer with an enabled one or a foreign wrapper over it becomes a pass-through (a later wrap_instance enables it
+    again); every disabled layer of ours on top comes off, and when none is left the object's own attribute is what it
+    was before our first layer: none (its class's method shows through) or the one it had.
+    """
+    found = _instance_layer(obj, name, quirk_id)
+    if found is None:
+        return
+    found._self_layer.enabled = False  # also for a copy someone took while it was on (`fn = model.load_weights`)
+    namespace = vars(obj)
+    top = namespace[name]
+    while isinstance(top, _InstanceShimWrapper) and not top._self_layer.enabled:
+        if top._self_restore is _CLASS_METHOD:
+            del namespace[name]
+            return
+        if top._self_restore is not None:
+            namespace[name] = top._self_restore
+            return
+        top = top.__wrapped__
+    namespace[name] = top
+
+
+def is_instance_wrapped(obj: Any, name: str, quirk_id: str) -> bool:
+    """True when obj.name carries an enabled instance layer of quirk_id (for quirks' bookkeeping and tests)."""
+    found = _instance_layer(obj, name, quirk_id)
+    return found is not None and found._self_layer.enabled

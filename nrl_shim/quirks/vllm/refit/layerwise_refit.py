@@ -253,7 +253,6 @@ class _Refits:
         self.open = False  # our initialize_layerwise_reload is in effect
         self.raw = False  # a refit wrote without a bracket (guard mode): check at the next forward
         self.hook = None
-        self.own_load_weights = vars(model).get("load_weights")
         modules = dict(model.named_modules())
         self.relaid_ids = {id(modules[name]) for name in relaid if name in modules}
         self.names = {id(module): name for name, module in modules.items() if name in relaid}
@@ -515,10 +514,9 @@ class _Refits:
             self.hook = None
         model = self.model_ref()
         if model is not None:
-            if self.own_load_weights is not None:
-                model.load_weights = self.own_load_weights
-            else:
-                vars(model).pop("load_weights", None)
+            from nrl_shim.patching import unwrap_instance
+
+            unwrap_instance(model, "load_weights", ID)
             vars(model).pop(_ATTR, None)
 
 
@@ -559,22 +557,21 @@ def _same(before, after):
 
 def _watch(model, relaid, model_config, settings):
     global _WATCHED
-    import functools
     import weakref
 
     from nrl_shim import report
+    from nrl_shim.patching import wrap_instance
 
     if not relaid or _ATTR in vars(model) or not callable(getattr(model, "load_weights", None)):
         return
     state = _Refits(model, relaid, model_config, settings)
-    original = model.load_weights
 
-    def load_weights(*args, **kwargs):
+    def load_weights_wrapper(wrapped, instance, args, kwargs):
         state.before_call(model)
-        return original(*args, **kwargs)
+        return wrapped(*args, **kwargs)
 
-    functools.update_wrapper(load_weights, original, assigned=("__doc__",), updated=())
-    model.load_weights = load_weights
+    # On the instance; other fixes' layers there (the refit guard, the prefix cache's) are left as they are.
+    wrap_instance(model, "load_weights", load_weights_wrapper, ID)
     vars(model)[_ATTR] = state
     if _WATCHED is None:
         _WATCHED = weakref.WeakSet()

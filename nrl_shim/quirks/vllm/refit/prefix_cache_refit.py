@@ -127,34 +127,32 @@ def _load_model_wrapper(wrapped, instance, args, kwargs):
 
 def _watch(model):
     global _WATCHED
-    import functools
     import weakref
 
-    if "_nrl_shim_refit_counter" in vars(model) or not callable(getattr(model, "load_weights", None)):
+    from nrl_shim.patching import is_instance_wrapped, wrap_instance
+
+    if is_instance_wrapped(model, "load_weights", ID) or not callable(getattr(model, "load_weights", None)):
         return
-    original = model.load_weights  # bound method of the model's class (or an instance attribute someone set)
-
-    def load_weights(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        finally:  # a failed call may have written some tensors: still a refit
-            _LOCAL["refits"] += 1
-
-    functools.update_wrapper(load_weights, original, assigned=("__doc__",), updated=())  # __wrapped__ for signature
-    model._nrl_shim_refit_counter = vars(model).get("load_weights")  # what to put back on unpatch (None: the class's)
-    model.load_weights = load_weights
+    # On the instance (the class and other models stay untouched); other fixes' layers there are left as they are.
+    wrap_instance(model, "load_weights", _load_weights_wrapper, ID)
     if _WATCHED is None:
         _WATCHED = weakref.WeakSet()
     _WATCHED.add(model)
     _LOCAL["models"] += 1
 
 
+def _load_weights_wrapper(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:  # a failed call may have written some tensors: still a refit
+        _LOCAL["refits"] += 1
+
+
 def _unwatch(model):
-    own = vars(model).pop("_nrl_shim_refit_counter", None)
-    if own is not None:
-        model.load_weights = own
-    else:
-        vars(model).pop("load_weights", None)
+    from nrl_shim.patching import unwrap_instance
+
+    unwrap_instance(model, "load_weights", ID)
+    _WATCHED.discard(model)
     _LOCAL["models"] -= 1
 
 

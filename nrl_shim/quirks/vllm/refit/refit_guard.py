@@ -170,11 +170,10 @@ def _values(tensor, step):
 
 class _RefitGuard:
     def __init__(self, model, label, settings, before):
-        import functools
         import weakref
 
         self.model_ref = weakref.ref(model)
-        self.label, self.settings, self.hook, self.own_load_weights = label, settings, None, None
+        self.label, self.settings, self.hook = label, settings, None
         after = _sample(model)
         # Dummy-initialised: changed by the dummy load. Gone or reshaped since (a repack into another layout, e.g. the
         # CPU backend's linear weights): can't be compared later.
@@ -203,18 +202,16 @@ class _RefitGuard:
             log.debug("[%s] %s: cannot guard %s (replaced or reshaped after loading)", ID, label, ", ".join(opaque))
         if not self.fingerprints:
             return
-        original = model.load_weights  # bound method of the model's class (or someone's instance attribute)
-        self.own_load_weights = vars(model).get("load_weights")
+        from nrl_shim.patching import wrap_instance
 
-        def load_weights(*args, **kwargs):
+        def load_weights_wrapper(wrapped, instance, args, kwargs):
             try:
-                return original(*args, **kwargs)
+                return wrapped(*args, **kwargs)
             finally:  # also after a failed call: what it did write counts, and generation may still follow
                 self.refit_seen()
 
-        # Sets __wrapped__ (inspect.signature follows it) and __doc__.
-        functools.update_wrapper(load_weights, original, assigned=("__doc__",), updated=())
-        model.load_weights = load_weights  # on the instance: the class and other models stay untouched
+        # On the instance: the class and other models stay untouched; other fixes' layers there are left as they are.
+        wrap_instance(model, "load_weights", load_weights_wrapper, ID)
         model._nrl_shim_refit_guard = self
         log.debug("[%s] %s loaded with dummy weights: %d tensors guarded", ID, label, self.total)
 
@@ -318,8 +315,7 @@ class _RefitGuard:
         self.fingerprints = {}
         model = self.model_ref()
         if model is not None:
-            if self.own_load_weights is not None:
-                model.load_weights = self.own_load_weights
-            else:
-                vars(model).pop("load_weights", None)
+            from nrl_shim.patching import unwrap_instance
+
+            unwrap_instance(model, "load_weights", ID)
             vars(model).pop("_nrl_shim_refit_guard", None)
