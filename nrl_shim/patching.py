@@ -12,6 +12,7 @@ attribute is gone again (its class's method shows through) or, if it had one bef
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -91,7 +92,8 @@ def _our_layer(obj: Any, quirk_id: str) -> _Layer | None:
         layer = getattr(obj, "_self_wrapper", None)
         if isinstance(layer, _Layer) and layer.quirk_id == quirk_id:
             return layer
-        obj = getattr(obj, "__wrapped__", None)
+        base_of = getattr(obj, "_self_base_of", None)
+        obj = _base_method(*base_of) if base_of is not None else getattr(obj, "__wrapped__", None)
     return None
 
 
@@ -105,12 +107,45 @@ def wrap(owner: Any, name: str, wrapper: Wrapper, quirk_id: str) -> None:
         layer.wrapper, layer.enabled = wrapper, True  # re-activation: the new settings' wrapper takes over
         return
     inherited = isinstance(owner, type) and name not in vars(owner)
+    if inherited and isinstance(_defined_on(owner, name), types.FunctionType):
+        # Our layer on a subclass wraps a call to the base's method as it is *at call time*, not the function found
+        # now: another fix's layer on the base, added or taken off later (deactivate, then activate in registry
+        # order), is then never skipped or kept by a stale copy.
+        setattr(owner, name, _call_base(owner, name))
     shim = wrapt.wrap_object(owner, name, _ShimWrapper, (_Layer(quirk_id, wrapper),), {})
     # A method a subclass inherits (DummyModelLoader.load_model): our layer sits on the subclass only, and unwrap
     # deletes it again rather than leaving a copy of the base's function behind.
     shim._self_inherited = inherited
     if isinstance(owner, types.ModuleType):
         shim._self_home = owner.__name__  # where this wrapper lives, for pickling re-exported names
+
+
+def _call_base(owner: type, name: str) -> Callable[..., Any]:
+    """A method of `owner` that calls `name` of owner's base classes, looked up at each call (see wrap)."""
+    import functools
+
+    found = _defined_on(owner, name)
+
+    @functools.wraps(found)
+    def call_base(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(super(owner, self), name)(*args, **kwargs)
+
+    # No fixed __wrapped__ (it would be the copy this avoids): _our_layer follows _self_base_of to the base's current
+    # method; the signature stays the base's for introspection (REQUIRES' parameter checks).
+    del call_base.__wrapped__
+    call_base._self_base_of = (owner, name)  # type: ignore[attr-defined]
+    try:
+        call_base.__signature__ = inspect.signature(found)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    return call_base
+
+
+def _base_method(owner: type, name: str) -> Any:
+    for namespace in owner.__mro__[1:]:
+        if name in vars(namespace):
+            return vars(namespace)[name]
+    return None
 
 
 def unwrap(owner: Any, name: str, quirk_id: str) -> None:

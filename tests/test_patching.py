@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 
-from nrl_shim.patching import is_instance_wrapped, unwrap_instance, wrap_instance
+from nrl_shim.patching import is_instance_wrapped, is_wrapped, unwrap, unwrap_instance, wrap, wrap_instance
 
 IDS = ("quirk-a", "quirk-b", "quirk-c")
 
@@ -174,3 +174,37 @@ def test_missing_method_and_objects_without_a_dict_are_errors():
         wrap_instance(1, "bit_length", recording("quirk-a", []), "quirk-a")
     unwrap_instance(Model(), "load_weights", "quirk-a")  # never wrapped: nothing to do
     assert not is_instance_wrapped(1, "bit_length", "quirk-a")
+
+
+def test_a_layer_on_an_inherited_method_calls_the_bases_method_as_it_is_at_call_time():
+    # activate() re-applies fixes in registry order, so a subclass's layer can come back before a layer on its base:
+    # the subclass's layer must reach the base's current method, not a copy taken when it was added.
+    class Base:
+        def load(self, x):
+            return ["base", x]
+
+    class Sub(Base):
+        pass
+
+    def tag(label):
+        def wrapper(wrapped, instance, args, kwargs):
+            return [label, *wrapped(*args, **kwargs)]
+
+        return wrapper
+
+    wrap(Base, "load", tag("base-fix"), "base-fix")
+    wrap(Sub, "load", tag("sub-fix"), "sub-fix")
+    assert Sub().load(1) == ["sub-fix", "base-fix", "base", 1]
+    unwrap(Sub, "load", "sub-fix")
+    unwrap(Base, "load", "base-fix")
+    assert "load" not in vars(Sub) and Sub().load(1) == ["base", 1]
+    wrap(Sub, "load", tag("sub-fix"), "sub-fix")  # the subclass first this time
+    wrap(Base, "load", tag("base-fix"), "base-fix")
+    assert Sub().load(1) == ["sub-fix", "base-fix", "base", 1]
+    assert is_wrapped(Sub, "load", "base-fix")  # seen through the subclass's layer, so it is not added twice
+    wrap(Sub, "load", tag("base-fix"), "base-fix")
+    assert Sub().load(1) == ["sub-fix", "base-fix", "base", 1]
+    unwrap(Base, "load", "base-fix")
+    assert Sub().load(1) == ["sub-fix", "base", 1]
+    unwrap(Sub, "load", "sub-fix")
+    assert "load" not in vars(Sub) and Sub().load(2) == ["base", 2]
