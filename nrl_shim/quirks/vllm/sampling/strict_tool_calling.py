@@ -2,12 +2,12 @@
 
 `VLLM_ENFORCE_STRICT_TOOL_CALLING` (vllm/envs.py, from 0.22; true by default from 0.25): a request with tools is
 sampled under an xgrammar structural tag in the tool parser's own format (vllm/parser/abstract_parser.py,
-Parser._apply_structural_tag): `tool_choice="required"`, a named tool, and under `tool_choice="auto"` when a tool says
+DelegatingParser._apply_structural_tag): `tool_choice="required"`, a named tool, and under `tool_choice="auto"` when a tool says
 `strict: true`, when `parallel_tool_calls=false` (the grammar is how vLLM limits the calls to one) or when the
 parser's default level is strict (glm47). An RL trainer scores the rollout's tokens under the policy alone: tokens a
 grammar forced or masked are off the policy's distribution, without an error.
 
-The fix, per request, in Parser._apply_structural_tag: a `tool_choice="auto"` request that no tool of its own marks
+The fix, per request, in DelegatingParser._apply_structural_tag: a `tool_choice="auto"` request that no tool of its own marks
 `strict: true` is sampled without the structural tag, where only vLLM's default would have put one
 (`parallel_tool_calls=false`, the parser's default level). Kept, as every explicit choice: a tool's own
 `strict: true` (its request keeps the grammar vLLM builds for it), `tool_choice="required"` or a named tool (vLLM
@@ -33,7 +33,7 @@ LINK = "https://github.com/PrimeIntellect-ai/prime-rl/pull/2921"
 LIBRARY = "vllm"
 VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
 PARSER_MODULE = "vllm.parser.abstract_parser"
-REQUIRES = (f"{PARSER_MODULE}:Parser._apply_structural_tag(request)",)
+REQUIRES = (f"{PARSER_MODULE}:DelegatingParser._apply_structural_tag(request)",)
 TARGETS = (PARSER_MODULE,)
 STRICT_TOOLS = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
 
@@ -46,13 +46,13 @@ def patch(module, settings):
         return
     from nrl_shim.patching import wrap
 
-    wrap(module.Parser, "_apply_structural_tag", _apply_structural_tag_wrapper, ID)
+    wrap(module.DelegatingParser, "_apply_structural_tag", _apply_structural_tag_wrapper, ID)
 
 
 def unpatch(module):
     from nrl_shim.patching import unwrap
 
-    unwrap(module.Parser, "_apply_structural_tag", ID)
+    unwrap(module.DelegatingParser, "_apply_structural_tag", ID)
 
 
 def idle(settings, version):
