@@ -1,4 +1,4 @@
-"""The cost of the trainer's logprobs (vllm-rollout-sampling's full-vocabulary log_softmax(logits / T)) in a real vLLM
+"""The cost of the trainer's logprobs (vllm-trainer-logprobs' full-vocabulary log_softmax(logits / T)) in a real vLLM
 engine (the CPU build), in one run (a script, not a test): generation throughput, every request asking for logprobs
 (the sampled token and 5 alternatives) at T=0.7, top_p=0.8, as GRPO rollouts do, under
 - `full`: the shim's default (NRL_SHIM=1): the sampler's raw path on logits / T;

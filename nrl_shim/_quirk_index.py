@@ -201,16 +201,9 @@ QUIRKS = (
         (),
     ),
     (
-        "nrl_shim.quirks.vllm.sampling.rollout_sampling",
-        "vllm-rollout-sampling",
-        (
-            "vllm.engine.arg_utils",
-            "vllm.envs",
-            "vllm.utils.argparse_utils",
-            "vllm.utils",
-            "vllm.v1.sample.sampler",
-            "vllm.v1.worker.gpu.sample.sampler",
-        ),
+        "nrl_shim.quirks.vllm.sampling.sampling_defaults",
+        "vllm-sampling-defaults",
+        ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm"),
         None,
         (
             Variable(
@@ -221,6 +214,21 @@ QUIRKS = (
                 "`rl` / `serving`",
                 "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint generation_config sampling defaults, logprobs as the trainer computes them, tool calls not grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
             ),
+        ),
+    ),
+    (
+        "nrl_shim.quirks.vllm.sampling.trainer_logprobs",
+        "vllm-trainer-logprobs",
+        (
+            "vllm.engine.arg_utils",
+            "vllm.utils.argparse_utils",
+            "vllm.utils",
+            "vllm.entrypoints.llm",
+            "vllm.v1.sample.sampler",
+            "vllm.v1.worker.gpu.sample.sampler",
+        ),
+        None,
+        (
             Variable(
                 "NRL_SHIM_LOGPROBS",
                 "logprobs",
@@ -230,6 +238,13 @@ QUIRKS = (
                 "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `auto`: `truncated` in a process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the full-vocabulary log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written loop); `truncated`: vLLM's processed_logprobs, renormalised over the tokens top-k/top-p/min-p keep, after penalties (a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
             ),
         ),
+    ),
+    (
+        "nrl_shim.quirks.vllm.sampling.strict_tool_calling",
+        "vllm-strict-tool-calling",
+        ("vllm.parser.abstract_parser",),
+        None,
+        (),
     ),
     (
         "nrl_shim.quirks.vllm.sampling.replica_seed",

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 _TRUE = ("1", "true", "yes", "on")
+# Old quirk ids that name several fixes now (a fix split in parts, each with its own id): NRL_SHIM_DISABLE accepts the
+# old id as the name of all of them, so a job's settings keep working. {old id: (the ids it names, ...)}.
+ALIASES = {
+    "vllm-rollout-sampling": ("vllm-sampling-defaults", "vllm-trainer-logprobs", "vllm-strict-tool-calling"),
+}
 _FALSE = ("0", "false", "no", "off")
 _LEVELS = {"CRITICAL": 50, "ERROR": 40, "WARNING": 30, "WARN": 30, "INFO": 20, "DEBUG": 10}
 
@@ -140,7 +145,8 @@ CORE_VARIABLES = (
         None,
         frozenset(),
         "comma list of quirk ids, or `*`",
-        "skip these fixes (an unknown id lists the valid ones)",
+        "skip these fixes (an unknown id lists the valid ones); `vllm-rollout-sampling` names "
+        "`vllm-sampling-defaults`, `vllm-trainer-logprobs` and `vllm-strict-tool-calling`",
     ),
     Variable(
         "NRL_SHIM_STRICT",
@@ -222,6 +228,9 @@ class Settings:
         return {v.name: as_text(self._values[v.attr]) for v in self._variables}
 
     def is_enabled(self, quirk_id: str) -> bool:
+        """Whether the fix `quirk_id` runs; for an old id in ALIASES, whether every fix it names does."""
+        if quirk_id in ALIASES:
+            return all(self.is_enabled(part) for part in ALIASES[quirk_id])
         return "*" not in self.disabled and quirk_id not in self.disabled
 
     @classmethod
@@ -245,15 +254,22 @@ class Settings:
 
 
 def _parse_disable(raw: str, known_ids: "Iterable[str] | None") -> "frozenset[str]":
-    ids = frozenset(item.strip() for item in raw.split(",") if item.strip())
-    if "*" in ids:
-        if len(ids) > 1:
+    """The ids NRL_SHIM_DISABLE names, an old id in ALIASES replaced by the ids it names."""
+    given = frozenset(item.strip() for item in raw.split(",") if item.strip())
+    if "*" in given:
+        if len(given) > 1:
             _fail("NRL_SHIM_DISABLE", raw, "either * alone or a comma list of quirk ids")
-        return ids
+        return given
+    ids = frozenset(part for item in given for part in ALIASES.get(item, (item,)))
     if known_ids is None:
         return ids
     known = sorted(known_ids)
-    unknown = sorted(ids - set(known))
+    unknown = sorted(item for item in given if item not in ALIASES and item not in known)
     if unknown:
-        _fail("NRL_SHIM_DISABLE", raw, f"* or a comma list of: {', '.join(known)} (unknown: {', '.join(unknown)})")
+        aliases = "; ".join(f"{old} (= {', '.join(parts)})" for old, parts in ALIASES.items())
+        _fail(
+            "NRL_SHIM_DISABLE",
+            raw,
+            f"* or a comma list of: {', '.join(known)}; old names: {aliases} (unknown: {', '.join(unknown)})",
+        )
     return ids

@@ -40,6 +40,6 @@ def test_main_job_mismatches_without_the_shim_and_matches_with_it(tmp_path, moe)
     check(proc, ok=True)
     assert "VERDICT: OK — the rollouts come from the policy at every step" in proc.stdout
     assert len(errors) == 4 and max(errors) < THRESHOLD, errors
-    fixes = ["[vllm-rollout-sampling]", "[vllm-prefix-cache-refit]"] + (["[vllm-layerwise-refit]"] if moe else [])
+    fixes = ["[vllm-trainer-logprobs]", "[vllm-prefix-cache-refit]"] + (["[vllm-layerwise-refit]"] if moe else [])
     active = next(line for line in proc.stdout.splitlines() if line.startswith("nrl-shim: active"))
     assert all(fix in active for fix in fixes), active

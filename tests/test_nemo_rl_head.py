@@ -270,7 +270,7 @@ def test_under_the_shim_it_is_active_in_the_actors_and_finds_nothing_to_change(r
 
 def test_logprobs_mode_kept_where_nemo_rls_config_sets_it_and_set_where_it_does_not(runs):
     _, _, logs = runs(True)
-    tag = "[vllm-rollout-sampling] vllm logprobs_mode"
+    tag = "[vllm-trainer-logprobs] vllm logprobs_mode"
     assert logs["sync"].count(f"{tag}: nothing to change (the caller asked for processed_logprobs") == 1  # vllm_cfg's
     assert f"{tag}: 'raw_logprobs' -> 'processed_logprobs'" not in logs["sync"]
     assert logs["async"].count(f"{tag}: 'raw_logprobs' -> 'processed_logprobs'") == 1  # a config without the key

@@ -176,9 +176,14 @@ def test_broken_model_directories_give_vllms_own_outcome(tmp_path):
     # (Besides the INFO lines of fixes with nothing to change in this vLLM, and vllm-dist-alias's line about
     # importlib.metadata's `vllm`, which vLLM's own start-up looks up: none is about the model directory.)
     shim_lines = [line for line in shim_lines if "[vllm-dist-alias]" not in line and "nothing to change" not in line]
-    # vllm-rollout-sampling's and vllm-replica-seed's INFO lines are about every engine config vLLM builds
+    # the sampling fixes' and vllm-replica-seed's INFO lines are about every engine config vLLM builds
     # (logprobs_mode, the tool-calling variable, the seed), whatever the model directory.
-    about_every_engine = ("[vllm-gemma-load-format]", "[vllm-rollout-sampling]", "[vllm-replica-seed]")
+    about_every_engine = (
+        "[vllm-gemma-load-format]",
+        "[vllm-sampling-defaults]",
+        "[vllm-trainer-logprobs]",
+        "[vllm-replica-seed]",
+    )
     other = [line for line in shim_lines if not (any(tag in line for tag in about_every_engine) and "INFO" in line)]
     assert other == [], other
     assert f"{os.sep}nrl_shim{os.sep}" not in on_err

@@ -72,6 +72,22 @@ def test_unknown_quirk_id_lists_valid_ids():
     message = str(info.value)
     assert "unknown: no-such-quirk" in message
     assert all(quirk_id in message for quirk_id in IDS)
+    assert (
+        "vllm-rollout-sampling (= vllm-sampling-defaults, vllm-trainer-logprobs, vllm-strict-tool-calling)" in message
+    )
+
+
+def test_old_id_names_the_fixes_it_was_split_into():
+    from nrl_shim.settings import ALIASES
+
+    parts = ("vllm-sampling-defaults", "vllm-trainer-logprobs", "vllm-strict-tool-calling")
+    assert ALIASES["vllm-rollout-sampling"] == parts and set(parts) <= set(IDS)
+    s = parse(NRL_SHIM_DISABLE="vllm-rollout-sampling, vllm-replica-seed")
+    assert s.disabled == frozenset({*parts, "vllm-replica-seed"})
+    assert not any(s.is_enabled(part) for part in parts) and not s.is_enabled("vllm-rollout-sampling")
+    one = parse(NRL_SHIM_DISABLE="vllm-strict-tool-calling")  # each part alone
+    assert not one.is_enabled("vllm-strict-tool-calling") and one.is_enabled("vllm-trainer-logprobs")
+    assert not one.is_enabled("vllm-rollout-sampling") and parse().is_enabled("vllm-rollout-sampling")
 
 
 def test_settings_are_immutable():

@@ -163,9 +163,9 @@ def test_the_recipe_makes_trls_engine_eager(under_the_shim):
 def test_trl_asks_for_processed_logprobs_itself_so_that_fix_stays_idle(under_the_shim):
     proc, output, result = under_the_shim
     assert proc.returncode == 0 and result, tail(output)
-    line = "[vllm-rollout-sampling] vllm logprobs_mode: nothing to change (the caller asked for processed_logprobs"
+    line = "[vllm-trainer-logprobs] vllm logprobs_mode: nothing to change (the caller asked for processed_logprobs"
     assert output.count(line) == 1, tail(output)
-    assert "[vllm-rollout-sampling] vllm logprobs_mode: 'raw_logprobs'" not in output
+    assert "[vllm-trainer-logprobs] vllm logprobs_mode: 'raw_logprobs'" not in output
     # TRL seeds its engine itself (seed=process_index // tensor_parallel_size): vllm-replica-seed keeps it, once.
     assert output.count("[vllm-replica-seed] vllm seed: nothing to change (the caller set seed=") == 1, tail(output)
 

@@ -215,7 +215,7 @@ def gemma_fix_line(model):
     return f"[vllm-gemma-load-format] vllm load_format for gemma3_text model {model!r}: 'dummy' -> 'auto'"
 
 
-SAMPLING = "vllm-rollout-sampling"
+SAMPLING, LOGPROBS = "vllm-sampling-defaults", "vllm-trainer-logprobs"
 
 
 def guard_warnings(logs):
@@ -313,11 +313,11 @@ def test_under_the_shim_gemma_loads_auto_inside_verls_server(under_shim, models,
     assert tokens["tokens"] == references["gemma"]
 
 
-def test_verl_sets_its_own_rollout_sampling_so_that_fix_stays_idle(under_shim):
+def test_verl_sets_its_own_rollout_sampling_so_those_fixes_stay_idle(under_shim):
     _, _, logs = under_shim
     # verl passes --logprobs-mode processed_logprobs and --override-generation-config (temperature, top_k, top_p, ...)
     # in the argument list it parses with vLLM's own parser: the shim reads them there and changes neither.
-    assert logs[1].count(f"[{SAMPLING}] vllm logprobs_mode: nothing to change (the caller asked for processed") == 1
+    assert logs[1].count(f"[{LOGPROBS}] vllm logprobs_mode: nothing to change (the caller asked for processed") == 1
     said = [line for line in logs[1].splitlines() if f"[{SAMPLING}] vllm generation_config" in line]
     assert len(said) == 1 and "nothing to change" in said[0] and "override_generation_config" in said[0], said
     # verl seeds each replica itself (--seed replica_rank + config.seed in that list): vllm-replica-seed keeps it.

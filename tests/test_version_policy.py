@@ -125,7 +125,7 @@ def test_doctor_and_a_strict_process_on_a_release_newer_than_verified(vllm_next)
     assert (
         verdict.startswith("verdict: ready; ") and f"({len(acting)} on a release newer than those verified)" in verdict
     )
-    for quirk_id in ("vllm-prefix-cache-refit", "vllm-rollout-sampling", "vllm-layerwise-refit", "vllm-refit-guard"):
+    for quirk_id in ("vllm-prefix-cache-refit", "vllm-trainer-logprobs", "vllm-layerwise-refit", "vllm-refit-guard"):
         notices = [line for line in proc.stderr.splitlines() if f"[{quirk_id}] {UNVERIFIED}" in line]
         assert len(notices) == 1 and f"vllm {NEXT_VLLM}" in notices[0] and "<0.34" in notices[0], proc.stderr[-3000:]
     assert "fix skipped" not in proc.stderr, proc.stderr[-3000:]
@@ -139,7 +139,7 @@ def test_a_fix_whose_part_is_gone_skips_naming_it_and_the_others_act(vllm_next_l
     assert len(skipped) == 1 and skipped[0].startswith("[vllm-prefix-cache-refit] fix skipped: "), skipped
     assert GONE_VLLM in skipped[0] and f"vllm {NEXT_VLLM}" in skipped[0], skipped
     assert "vllm-prefix-cache-refit" not in _patched_ids(out), out["patched"]  # not half-applied either
-    assert {"vllm-rollout-sampling", "vllm-layerwise-refit", "vllm-refit-guard"} <= _patched_ids(out), out["patched"]
+    assert {"vllm-trainer-logprobs", "vllm-layerwise-refit", "vllm-refit-guard"} <= _patched_ids(out), out["patched"]
 
     strict = _lines(vllm_next_lacking, VLLM_TARGETS, env={"NRL_SHIM_STRICT": "1"})
     errors = " ".join(strict["errors"].values())
@@ -160,7 +160,7 @@ def test_main_job_on_a_newer_vllm_matches_under_the_shim_and_mismatches_without(
         assert len(errors) == 4 and max(errors) < 1.05, errors
         # The job report carries the state: each fix that acted says it ran on an unverified release.
         report = proc.stderr + proc.stdout
-        fixes = ["vllm-rollout-sampling", "vllm-prefix-cache-refit"] + (["vllm-layerwise-refit"] if options else [])
+        fixes = ["vllm-trainer-logprobs", "vllm-prefix-cache-refit"] + (["vllm-layerwise-refit"] if options else [])
         for fix in fixes:
             assert re.search(rf"\[{fix}\] [^\n]*acts unverified in", report), report[-4000:]
         assert "skipped in" not in report, report[-4000:]

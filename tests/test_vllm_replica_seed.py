@@ -50,7 +50,10 @@ def test_replicas_in_separate_processes_do_not_sample_in_lockstep(tmp_path):
 
 
 def test_command_line_seed_is_read_from_the_argument_list():
-    from nrl_shim.quirks.vllm.sampling.replica_seed import names_seed
+    from nrl_shim.quirks.vllm._engine_args import options_named
+
+    def names_seed(argv):
+        return "seed" in options_named(argv, ("seed", "max_model_len"))
 
     assert not names_seed(["serve", "m", "--max-model-len", "8"])
     assert names_seed(["--seed", "0"]) and names_seed(["--seed=7"])

@@ -84,7 +84,7 @@ CONFIGS = {
 
 # The sampling values a released checkpoint ships in its generation_config.json (Qwen2.5-VL-7B-Instruct's, cited in
 # NVIDIA-NeMo/RL#3497): the demo's checkpoints carry them, so that `explain --demo` shows what vLLM would fill into
-# requests from them, and vllm-rollout-sampling keeping them out.
+# requests from them, and vllm-sampling-defaults keeping them out.
 DEMO_GENERATION_CONFIG = {"do_sample": True, "temperature": 0.1, "top_k": 1, "top_p": 0.001}
 
 

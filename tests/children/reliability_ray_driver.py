@@ -211,7 +211,7 @@ def job_report(case):
     cached = _two_rollouts(engine, lambda path: engine.collective_rpc(refit_worker, args=(path,)), case["checkpoints"])
     children = {}
     for name, shim in (("shim_on", "1"), ("shim_off", "0")):
-        # Engine arguments as a framework builds them: the rollout-sampling fix logs its change where it is active.
+        # Engine arguments as a framework builds them: the sampling fixes log their change where it is active.
         code = "import os, sys; from vllm.engine.arg_utils import EngineArgs; EngineArgs(model=sys.argv[1]); print(os.getpid())"
         proc = subprocess.run(
             [sys.executable, "-c", code, case["checkpoints"][0]],

@@ -19,10 +19,8 @@ get vLLM's per-rank derivation of the drawn seed (0.30+). A seed set per request
 Left out: DP ranks inside one deployment on vLLM <= 0.29 (one engine config: they share the drawn seed).
 """
 
-import contextvars
-import weakref
-
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
+from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
 
 ID = "vllm-replica-seed"
 SUMMARY = (
@@ -40,53 +38,26 @@ REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.from_cli_args",
     "vllm.engine.arg_utils:EngineArgs.create_engine_config",
 )
-# vllm.entrypoints.llm: LLM(...) has its own `seed` parameter (default 0 on 0.27+) and passes it to EngineArgs always,
-# so whether its caller chose one is read there.
-TARGETS = ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm")
 EXPLAIN_FIELDS = ("model_config.seed",)  # for `nrl-shim explain`
 
-_EXPLICIT = "_nrl_shim_seed_explicit"  # on an EngineArgs instance: whether its caller gave a seed
-_PARSED_FROM: "dict[int, tuple[weakref.ref, bool]]" = {}  # id(namespace) -> (weak ref, `--seed` named in its argv)
-# While LLM(...) runs: whether its caller gave `seed` (the EngineArgs it builds is always given one).
-_LLM_SEED_GIVEN: "contextvars.ContextVar[bool | None]" = contextvars.ContextVar("nrl_shim_llm_seed", default=None)
 
-
-def patch(module, settings):
+def _patch_engine_config(module, settings):
     from nrl_shim.patching import wrap
 
-    if module.__name__ == "vllm.entrypoints.llm":
-        if isinstance(getattr(module, "LLM", None), type):
-            wrap(module.LLM, "__init__", _llm_init_wrapper, ID)
-        return
-    if module.__name__ in ("vllm.utils.argparse_utils", "vllm.utils"):
-        parser = _own_parser_class(module)
-        if parser is not None:
-            wrap(parser, "parse_args", _parse_args_wrapper, ID)
-        return
-    for cls in (module.EngineArgs, getattr(module, "AsyncEngineArgs", None)):
-        if cls is not None and "__init__" in vars(cls):
-            wrap(cls, "__init__", _init_wrapper, ID)
-    wrap(module.EngineArgs, "from_cli_args", _from_cli_args_wrapper, ID)
     wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
 
 
-def unpatch(module):
+def _unpatch_engine_config(module):
     from nrl_shim.patching import unwrap
 
-    if module.__name__ == "vllm.entrypoints.llm":
-        if isinstance(getattr(module, "LLM", None), type):
-            unwrap(module.LLM, "__init__", ID)
-        return
-    if module.__name__ in ("vllm.utils.argparse_utils", "vllm.utils"):
-        parser = _own_parser_class(module)
-        if parser is not None:
-            unwrap(parser, "parse_args", ID)
-        return
-    for cls in (module.EngineArgs, getattr(module, "AsyncEngineArgs", None)):
-        if cls is not None:
-            unwrap(cls, "__init__", ID)
-    unwrap(module.EngineArgs, "from_cli_args", ID)
     unwrap(module.EngineArgs, "create_engine_config", ID)
+
+
+# Whether the caller chose the seed: vllm._engine_args tracks EngineArgs' explicit fields (LLM(...) and vLLM's argument
+# parser included); the seed is drawn in create_engine_config.
+TARGETS = engine_args_tracker.targets(
+    ID, {engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config)}
+)
 
 
 def describe(settings, version):
@@ -105,72 +76,6 @@ def describe(settings, version):
         "engines left at vLLM's default seed (0) -> a random seed per engine, logged (set seed= to fix it); "
         f"{ranks}; a seed the caller set, per engine or per request, kept"
     )
-
-
-def _own_parser_class(module):
-    parser = vars(module).get("FlexibleArgumentParser")
-    if isinstance(parser, type) and parser.__module__ == module.__name__ and "parse_args" in vars(parser):
-        return parser
-    return None
-
-
-def names_seed(argv) -> bool:
-    """Whether the argument list `argv` sets the seed (vLLM's YAML `--config` file may: it counts as set then)."""
-    argv = [str(arg) for arg in argv]
-    return any(arg in ("--seed", "--config") or arg.startswith(("--seed=", "--config=")) for arg in argv)
-
-
-def _llm_init_wrapper(wrapped, instance, args, kwargs):
-    import inspect
-
-    try:
-        given = "seed" in inspect.signature(wrapped).bind_partial(*args, **kwargs).arguments
-    except TypeError:
-        given = "seed" in kwargs
-    token = _LLM_SEED_GIVEN.set(given)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _LLM_SEED_GIVEN.reset(token)
-
-
-def _init_wrapper(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    if instance is not None and _EXPLICIT not in vars(instance):
-        import dataclasses
-
-        positional = [field.name for field in dataclasses.fields(instance)][: len(args)]
-        given = "seed" in kwargs or "seed" in positional
-        from_llm = _LLM_SEED_GIVEN.get()
-        vars(instance)[_EXPLICIT] = given if from_llm is None else from_llm
-
-
-def _parse_args_wrapper(wrapped, instance, args, kwargs):
-    import sys
-
-    namespace = wrapped(*args, **kwargs)
-    argv = args[0] if args else kwargs.get("args")
-    key = id(namespace)
-
-    def forget(_reference: object) -> None:
-        _PARSED_FROM.pop(key, None)
-
-    try:
-        _PARSED_FROM[key] = (weakref.ref(namespace, forget), names_seed(sys.argv[1:] if argv is None else argv))
-    except TypeError:  # not weak-referenceable: from_cli_args reads sys.argv
-        pass
-    return namespace
-
-
-def _from_cli_args_wrapper(wrapped, instance, args, kwargs):
-    import sys
-
-    engine_args = wrapped(*args, **kwargs)
-    namespace = args[0] if args else kwargs.get("args")
-    entry = _PARSED_FROM.get(id(namespace))
-    named = entry[1] if entry is not None and entry[0]() is namespace else names_seed(sys.argv[1:])
-    vars(engine_args)[_EXPLICIT] = named
-    return engine_args
 
 
 def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
@@ -193,11 +98,11 @@ def _replica_seed(engine_args):
 
     from nrl_shim import report
 
-    explicit = vars(engine_args).get(_EXPLICIT)
+    explicit = engine_args_tracker.explicit(engine_args)
     if explicit is None:
         report.logger().debug("[%s] EngineArgs built before the shim was active: seed left as it is", ID)
         return
-    if explicit:
+    if "seed" in explicit:
         report.unchanged(ID, "vllm seed", f"the caller set seed={engine_args.seed!r}: kept")
         return
     field = {f.name: f for f in dataclasses.fields(engine_args)}.get("seed")
