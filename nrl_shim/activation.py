@@ -246,28 +246,9 @@ def _before_exec(module: "ModuleType") -> "list[Callable[[], object]]":
         return []
     undo = []
     for quirk in registry.pre_quirks(module.__name__, settings):
-        if quirk.id not in _State.gates:
-            _State.gates[quirk.id] = quirk.gate()
-        applies, version, reason = _State.gates[quirk.id]
-        if not applies:
-            if version is not None:
-                _skip(quirk, reason)
-            continue
-        _report()
-        from .errors import ShimError
-
-        try:
-            after = quirk.module.PRE_TARGETS[module.__name__](module, settings)
-        except ShimError:
-            raise
-        except Exception as exc:  # never break the user's import over a fix we could not apply
-            _skip(quirk, f"could not prepare {module.__name__}: {type(exc).__name__}: {exc}")
-            continue
-        if after is not None:
+        ran, after = _gated(quirk, module, quirk.module.PRE_TARGETS[module.__name__], "prepare")
+        if ran and after is not None:
             undo.append(after)
-        unverified = _unverified(quirk)
-        if unverified:
-            _say_unverified(quirk, unverified)
     return undo
 
 
@@ -278,43 +259,65 @@ def _apply(quirk: "Quirk", module: "ModuleType") -> None:
             return  # another thread is applying this very fix right now
         _State.applying.add(key)
     try:
-        if quirk.id not in _State.gates:
-            try:
-                _State.gates[quirk.id] = quirk.gate()
-            except Exception as exc:  # e.g. a plugin's VERSIONS that is no specifier: skip, never break the import
-                _State.gates[quirk.id] = (False, "?", f"cannot check its versions: {type(exc).__name__}: {exc}")
-        applies, version, reason = _State.gates[quirk.id]
-        if not applies and version is None:
-            # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
-            return _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
-        if not applies:
-            return _skip(quirk, reason)
-        settings = _State.settings
-        if settings is None:
-            return  # deactivated meanwhile
-        unverified = _unverified(quirk)
-        if unverified:
-            missing = quirk.missing(module)
-            if missing:  # on a release nobody verified, a fix whose parts are gone does nothing rather than guess
-                reason = f"{unverified}, and {module.__name__} lacks what it needs: {'; '.join(missing)}"
-                _withdraw(quirk, reason)
-                return _skip(quirk, reason)
-        _report()  # the quirk may log while patching: at the active level
-        from .errors import ShimError
-
-        try:
-            quirk.patch(module, settings)
-        except ShimError:
-            raise
-        except Exception as exc:  # never break the user's import over a fix we could not apply
-            return _skip(quirk, f"could not patch {module.__name__}: {type(exc).__name__}: {exc}")
-        with _lock:
-            _State.patched.add(key)
-        if unverified:
-            _say_unverified(quirk, unverified)
+        ran, _ = _gated(quirk, module, quirk.patch, "patch")
+        if ran:
+            with _lock:
+                _State.patched.add(key)
     finally:
         with _lock:
             _State.applying.discard(key)
+
+
+def _gated(
+    quirk: "Quirk", module: "ModuleType", step: "Callable[[ModuleType, Settings], Any]", verb: str
+) -> "tuple[bool, Any]":
+    """The one gate sequence around a fix's step at `module` (verb "prepare": its PRE_TARGETS hook, before the module
+    executes; "patch": patch(), after): the fix's versions, then, on a release nobody verified, the names it relies on
+    (after execution only: before, the module is empty), then the step; any failure but a ShimError is a skip, never
+    the user's import failing. Returns (whether the step ran, what it returned)."""
+    applies, version, reason = _gate(quirk)
+    if not applies and version is None:
+        # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
+        if verb == "patch":  # said once, after the import: not again before it
+            _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
+        return False, None
+    if not applies:
+        _skip(quirk, reason)
+        return False, None
+    settings = _State.settings
+    if settings is None:
+        return False, None  # deactivated meanwhile
+    unverified = _unverified(quirk)
+    if unverified and verb == "patch":
+        missing = quirk.missing(module)
+        if missing:  # on a release nobody verified, a fix whose parts are gone does nothing rather than guess
+            reason = f"{unverified}, and {module.__name__} lacks what it needs: {'; '.join(missing)}"
+            _withdraw(quirk, reason)
+            _skip(quirk, reason)
+            return False, None
+    _report()  # the quirk may log while acting: at the active level
+    from .errors import ShimError
+
+    try:
+        result = step(module, settings)
+    except ShimError:
+        raise
+    except Exception as exc:  # never break the user's import over a fix we could not apply
+        _skip(quirk, f"could not {verb} {module.__name__}: {type(exc).__name__}: {exc}")
+        return False, None
+    if unverified:
+        _say_unverified(quirk, unverified)
+    return True, result
+
+
+def _gate(quirk: "Quirk") -> "tuple[bool, str | None, str]":
+    """The fix's (applies, installed version, reason), computed once per process."""
+    if quirk.id not in _State.gates:
+        try:
+            _State.gates[quirk.id] = quirk.gate()
+        except Exception as exc:  # e.g. a plugin's VERSIONS that is no specifier: skip, never break the import
+            _State.gates[quirk.id] = (False, "?", f"cannot check its versions: {type(exc).__name__}: {exc}")
+    return _State.gates[quirk.id]
 
 
 def _unverified(quirk: "Quirk") -> "str | None":
@@ -342,7 +345,9 @@ def _withdraw(quirk: "Quirk", reason: str) -> None:
 def _say_unverified(quirk: "Quirk", why: str) -> None:
     """Once per process and fix: it acts on a release newer than those verified (its own checks passed)."""
     checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared to check"
-    _report().warn_once(quirk.id, "unverified", f"[{quirk.id}] acts on an unverified release: {why}; {checked}")
+    _report().warn_once(
+        quirk.id, "unverified", f"[{quirk.id}] acts on an unverified release: {why}; {checked}", kind="unverified"
+    )
 
 
 def _setup(quirk: "Quirk", settings: "Settings") -> None:
@@ -387,4 +392,4 @@ def _skip(quirk: "Quirk", reason: str) -> None:
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")
     if quirk.id not in _State.skipped:
         _State.skipped.add(quirk.id)
-        _report().logger().warning("%s", message)
+        _report().record(quirk.id, "skipped", "%s", message)

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 VARIABLE = "NRL_SHIM_REPORT_DIR"
 KV_NAMESPACE = "nrl_shim_report"
 KINDS = ("changed", "unchanged", "skipped", "unverified", "warning", "error", "info")
-UNVERIFIED = "] acts on an unverified release: "  # activation's line for a fix acting on a release newer than verified
 
 
 def directory_from_env() -> str | None:
@@ -41,23 +40,25 @@ def directory_from_env() -> str | None:
     return None if not raw or raw.lower() == "off" else raw
 
 
-def kind_of(level: int, message: str) -> str:
-    """What a record says a fix did, from the shapes report.py writes (`what: before -> after`, `nothing to change`)
-    and activation's `fix skipped`."""
-    if "] fix skipped: " in message:
-        return "skipped"
-    if UNVERIFIED in message:
-        return "unverified"
-    if level >= logging.ERROR:
+TAG = "nrl_shim"  # the LogRecord attribute report.py sets: {"quirk": id, "kind": one of KINDS}
+
+
+def kind_of(record: logging.LogRecord) -> str:
+    """What a record says a fix did: the kind report.py gave it; a record logged without one (a plugin calling
+    logging itself) by its level only."""
+    tagged = getattr(record, TAG, None)
+    if isinstance(tagged, dict) and tagged.get("kind") in KINDS:
+        return tagged["kind"]
+    if record.levelno >= logging.ERROR:
         return "error"
-    if ": nothing to change" in message:
-        return "unchanged"
-    if level >= logging.WARNING:
-        return "warning"
-    return "changed" if " -> " in message else "info"
+    return "warning" if record.levelno >= logging.WARNING else "info"
 
 
-def quirk_of(message: str) -> str | None:
+def quirk_of(record: logging.LogRecord, message: str) -> str | None:
+    """The fix a record is about: the one report.py gave it, else a leading `[quirk-id] ` in its text."""
+    tagged = getattr(record, TAG, None)
+    if isinstance(tagged, dict) and tagged.get("quirk"):
+        return str(tagged["quirk"])
     if message.startswith("[") and "] " in message:
         return message[1 : message.index("] ")]
     return None
@@ -117,8 +118,8 @@ class Recorder(logging.Handler):
             line = {
                 "t": round(record.created, 3),
                 "level": record.levelname,
-                "quirk": quirk_of(message),
-                "kind": kind_of(record.levelno, message),
+                "quirk": quirk_of(record, message),
+                "kind": kind_of(record),
                 "message": message,
             }
             self._write(line)

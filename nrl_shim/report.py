@@ -1,4 +1,9 @@
-"""The `nrl_shim` logger: every change to a user's configuration is logged once, with before -> after and why."""
+"""The `nrl_shim` logger: every change to a user's configuration is logged once, with before -> after and why.
+
+Every line a fix logs about what it did goes through the helpers below: each record carries its fix and its kind
+(`record.nrl_shim = {"quirk": id, "kind": kind}`, one of job_report.KINDS), which is what the job report reads; the
+text is for people.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,15 @@ import logging
 import sys
 
 from .errors import SettingsError
+from .job_report import TAG
 from .settings import parse_level
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+    from typing import Literal
+
+    Kind = Literal["changed", "unchanged", "skipped", "unverified", "warning", "error", "info"]  # job_report.KINDS
 
 _LOGGER = logging.getLogger("nrl_shim")
 _seen: set[tuple[str, ...]] = set()
@@ -48,13 +61,29 @@ def logger() -> logging.Logger:
     return _LOGGER
 
 
+_LEVELS = {
+    "skipped": logging.WARNING,
+    "unverified": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def record(quirk_id: str | None, kind: Kind, message: str, *args: object, level: int | None = None) -> None:
+    """Log one line of what fix `quirk_id` (None: the shim's shared parts) did, of `kind` (one of job_report.KINDS), at `level` (default: WARNING for
+    skipped/unverified/warning, ERROR for error, INFO for the rest). Not deduplicated: the helpers below are."""
+    if level is None:
+        level = _LEVELS.get(kind, logging.INFO)
+    logger().log(level, message, *args, extra={TAG: {"quirk": quirk_id, "kind": kind}})
+
+
 def changed(quirk_id: str, what: str, before: object, after: object, why: str) -> None:
     """Log one configuration change, once per process for the same (quirk, what, before, after)."""
     key = (quirk_id, what, repr(before), repr(after))
     if key in _seen:
         return
     _seen.add(key)
-    logger().info("[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
+    record(quirk_id, "changed", "[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
 
 
 def unchanged(quirk_id: str, what: str, why: str) -> None:
@@ -63,13 +92,37 @@ def unchanged(quirk_id: str, what: str, why: str) -> None:
     if key in _seen:
         return
     _seen.add(key)
-    logger().info("[%s] %s: nothing to change (%s)", quirk_id, what, why)
+    record(quirk_id, "unchanged", "[%s] %s: nothing to change (%s)", quirk_id, what, why)
 
 
-def warn_once(quirk_id: str, key: str, message: str) -> None:
-    """Log one warning, once per process for the same (quirk, key)."""
+def warn_once(quirk_id: str, key: str, message: str, kind: Kind = "warning") -> None:
+    """Log one warning, once per process for the same (quirk, key); `kind` "unverified" or "skipped" for activation's
+    own."""
     marker = (quirk_id, "warning", key)
     if marker in _seen:
         return
     _seen.add(marker)
-    logger().warning("%s", message)
+    record(quirk_id, kind, "%s", message)
+
+
+def first_at_info(
+    said: set[Hashable],
+    key: Hashable,
+    quirk_id: str,
+    kind: Kind,
+    message: str,
+    *args: object,
+    later: tuple[object, ...] | None = None,
+) -> bool:
+    """One line at INFO the first time `key` is said in `said` (a set the fix keeps per engine, so each engine says it
+    once), at DEBUG every time after: `later` = (message, *args) for those, else the same line. Returns whether this
+    one was at INFO."""
+    first = key not in said
+    said.add(key)
+    if first:
+        record(quirk_id, kind, message, *args, level=logging.INFO)
+    elif later is not None:
+        record(quirk_id, kind, str(later[0]), *later[1:], level=logging.DEBUG)
+    else:
+        record(quirk_id, kind, message, *args, level=logging.DEBUG)
+    return first

@@ -242,3 +242,106 @@ def test_dependencies_point_down_and_there_are_no_import_cycles():
 
     cycles = [c for c in (cycle_from(m) for m in sorted(graph) if m != "nrl_shim") if c]
     assert cycles == [], cycles
+
+
+# --- one gate sequence: a PRE_TARGETS hook (before the target executes) and patch() (after) go through the same
+# steps with the same error handling. In-process, on a stand-in quirk module and target: what is tested is
+# activation's own sequence.
+
+
+def _quirk(**declared):
+    import types
+
+    from nrl_shim import registry
+
+    module = types.ModuleType("gate_sequence_quirk")
+    module.__dict__.update(
+        ID="test-gates",
+        SUMMARY="a test quirk",
+        LINK="https://example.invalid/fix",
+        LIBRARY="packaging",
+        VERSIONS=">=1",
+        TARGETS=("gated_target",),
+        PRE_TARGETS={"gated_target": lambda module, settings: None},
+        patch=lambda module, settings: setattr(module, "patched", True),
+        unpatch=lambda module: vars(module).pop("patched", None),
+    )
+    module.__dict__.update(declared)
+    return registry.Quirk(module)
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    """activation active in this process with default settings, nothing gated yet; the quirks _before_exec sees are
+    the test's; returns (quirks to give _before_exec, the `nrl_shim` records)."""
+    import logging
+    import types
+
+    from nrl_shim import activation, registry, report
+
+    monkeypatch.setattr(activation._State, "active", True)
+    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
+    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+        monkeypatch.setattr(activation._State, name, empty)
+    quirks: list = []
+    monkeypatch.setattr(registry, "pre_quirks", lambda name, settings: [q for q in quirks if name in q.targets])
+    monkeypatch.setattr(report, "_seen", set())
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    report.logger().addHandler(handler)
+    yield quirks, records, types.ModuleType("gated_target")
+    report.logger().removeHandler(handler)
+
+
+def _said(records):
+    from nrl_shim import job_report
+
+    return [(job_report.kind_of(r), r.getMessage()) for r in records]
+
+
+def test_a_gate_that_cannot_be_read_skips_before_and_after_execution_never_failing_the_import(gated):
+    from nrl_shim import activation
+
+    quirks, records, target = gated
+    quirks.append(_quirk(VERSIONS="not a specifier"))
+    assert activation._before_exec(target) == []  # before: this raised out of the user's import
+    activation._apply(quirks[0], target)
+    assert not hasattr(target, "patched") and activation.patched() == []
+    (said,) = _said(records)  # one warning for both steps
+    assert said[0] == "skipped" and said[1].startswith("[test-gates] fix skipped: cannot check its versions: ")
+
+
+def test_a_failing_step_is_a_skip_named_by_the_step_and_strict_mode_stops(gated, monkeypatch):
+    from nrl_shim import activation, registry
+    from nrl_shim.errors import QuirkSkippedError
+
+    quirks, records, target = gated
+
+    def hook(module, settings):
+        raise KeyError("boom")
+
+    quirks.append(_quirk(PRE_TARGETS={"gated_target": hook}))
+    assert activation._before_exec(target) == []
+    assert _said(records) == [("skipped", "[test-gates] fix skipped: could not prepare gated_target: KeyError: 'boom'")]
+
+    monkeypatch.setattr(activation._State, "skipped", set())
+    monkeypatch.setattr(activation._State, "settings", registry.load_settings({"NRL_SHIM_STRICT": "1"}))
+    with pytest.raises(QuirkSkippedError, match="could not prepare gated_target: KeyError"):
+        activation._before_exec(target)
+
+
+def test_both_steps_run_once_gated_and_say_an_unverified_release_once(gated):
+    from nrl_shim import activation
+
+    quirks, records, target = gated
+    undone = []
+    quirks.append(
+        _quirk(VERIFIED="<1", PRE_TARGETS={"gated_target": lambda module, settings: lambda: undone.append(1)})
+    )
+    for step in activation._before_exec(target):  # as the loader does once the module executed
+        step()
+    activation._apply(quirks[0], target)
+    assert undone == [1] and target.patched is True and activation.patched() == [("test-gates", "gated_target")]
+    (said,) = _said(records)
+    assert said[0] == "unverified" and said[1].startswith("[test-gates] acts on an unverified release: packaging ")

@@ -12,6 +12,8 @@ from packaging.version import Version
 from nrl_shim import activation, cli, job_report, registry
 from nrl_shim.libraries import find
 
+UNVERIFIED = "] acts on an unverified release: "
+
 INSTALLED = Version(find("packaging").version)
 BELOW, ABOVE = f"{INSTALLED.major}", f"{INSTALLED.major + 1}"  # an upper bound the installed release is past / under
 
@@ -125,7 +127,12 @@ def active(monkeypatch):
     handler = logging.Handler()
     handler.emit = records.append
     report.logger().addHandler(handler)
-    yield lambda: [r.getMessage() for r in records]
+
+    def said():
+        return [r.getMessage() for r in records]
+
+    said.records = records  # the LogRecords themselves: their kind is what the job report reads
+    yield said
     report.logger().removeHandler(handler)
 
 
@@ -135,12 +142,13 @@ def test_unverified_fix_acts_when_its_checks_pass_and_says_so_once(active):
     activation._apply(quirk, module)
     activation._apply(quirk, module)  # a reload: patched again, said once
     assert module.patched is True
-    notices = [m for m in active() if job_report.UNVERIFIED in m]
+    notices = [m for m in active() if UNVERIFIED in m]
     assert notices == [
         f"[test-versions] acts on an unverified release: packaging {INSTALLED} is newer than the releases it was "
         f"verified on (packaging<{BELOW}); 1 name(s) it relies on checked"
     ]
-    assert job_report.kind_of(logging.WARNING, notices[0]) == "unverified"
+    (record,) = [r for r in active.records if UNVERIFIED in r.getMessage()]
+    assert job_report.kind_of(record) == "unverified" and job_report.quirk_of(record, "") == "test-versions"
 
 
 def test_unverified_fix_lacking_a_part_skips_naming_it_and_undoes_its_other_targets(active, monkeypatch):

@@ -128,8 +128,14 @@ def _plugin_patterns():
             except Exception as exc:  # a broken plugin must not break engine creation
                 from nrl_shim import report
 
-                report.logger().warning(
-                    "[%s] entry point %s could not be loaded: %s: %s", ID, ep.name, type(exc).__name__, exc
+                report.record(
+                    ID,
+                    "warning",
+                    "[%s] entry point %s could not be loaded: %s: %s",
+                    ID,
+                    ep.name,
+                    type(exc).__name__,
+                    exc,
                 )
                 continue
             if isinstance(value, str):

@@ -59,11 +59,6 @@ REQUIRES = (
     "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
     "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm(layer, remove_weight)",
 )
-TARGETS = (
-    "vllm.model_executor.model_loader.dummy_loader",
-    "vllm.model_executor.model_loader.base_loader",
-    "vllm.model_executor.layers.utils",
-)
 PACKED_SINCE = "0.10.2"  # first release whose CPU build packs linear weights (dispatch_cpu_unquantized_gemm)
 MODES = ("refit", "dummy", "always")
 IN_PROCESS_BACKEND = "external_launcher"  # vLLM's executor for an engine inside each process of a torch job
@@ -130,53 +125,78 @@ def _in_process_load():
     return _IN_PROCESS_LOAD
 
 
-def patch(module, settings):
+def _packs_here():
+    """The vLLM version when this is a CPU build that packs linear weights, else None (a GPU build, or a CPU build
+    before 0.10.2: nothing to wrap)."""
     from nrl_shim.quirks.vllm._common import installed_version
 
     version = installed_version()
-    if not cpu_build() or version is None or not packs(version):
-        return  # nothing packs linear weights here (a GPU build, or a CPU build before 0.10.2): nothing to wrap
+    return version if cpu_build() and version is not None and packs(version) else None
+
+
+def patch_dummy_loader(module, settings):
+    if _packs_here() is None:
+        return
     from nrl_shim.patching import wrap
 
-    if module.__name__.endswith(".dummy_loader"):
+    def dummy_init_wrapper(wrapped, instance, args, kwargs):
+        # DummyModelLoader.load_weights(model, model_config): the dummy-init step, run before the post-load
+        # processing that dispatches each layer. Marked per module, so later dispatches (reload_weights
+        # re-runs them) keep them live too.
+        model = kwargs.get("model", args[0] if args else None)
+        if model is not None and hasattr(model, "modules"):
+            label = f"{type(model).__name__} (load_format='dummy')"
+            live = _live()
+            for layer in model.modules():
+                live[layer] = label
+        return wrapped(*args, **kwargs)
 
-        def dummy_init_wrapper(wrapped, instance, args, kwargs):
-            # DummyModelLoader.load_weights(model, model_config): the dummy-init step, run before the post-load
-            # processing that dispatches each layer. Marked per module, so later dispatches (reload_weights
-            # re-runs them) keep them live too.
-            model = kwargs.get("model", args[0] if args else None)
-            if model is not None and hasattr(model, "modules"):
-                label = f"{type(model).__name__} (load_format='dummy')"
-                live = _live()
-                for layer in model.modules():
-                    live[layer] = label
+    wrap(module.DummyModelLoader, "load_weights", dummy_init_wrapper, ID)
+
+
+def unpatch_dummy_loader(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.DummyModelLoader, "load_weights", ID)
+
+
+def patch_base_loader(module, settings):
+    if _packs_here() is None:
+        return
+    from nrl_shim.patching import wrap
+
+    def load_model_wrapper(wrapped, instance, args, kwargs):
+        # BaseModelLoader.load_model(vllm_config, model_config, ...): initialise, load, then dispatch each layer;
+        # the dispatches of an in-process engine's model happen inside this call, in this thread.
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        parallel = getattr(vllm_config, "parallel_config", None)
+        if getattr(parallel, "distributed_executor_backend", None) != IN_PROCESS_BACKEND:
             return wrapped(*args, **kwargs)
+        state = _in_process_load()
+        before, state.active = getattr(state, "active", False), True
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            state.active = before
 
-        wrap(module.DummyModelLoader, "load_weights", dummy_init_wrapper, ID)
+    wrap(module.BaseModelLoader, "load_model", load_model_wrapper, ID)
+
+
+def unpatch_base_loader(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.BaseModelLoader, "load_model", ID)
+
+
+def patch_layer_utils(module, settings):
+    version = _packs_here()
+    if version is None:
         return
-
-    if module.__name__.endswith(".base_loader"):
-
-        def load_model_wrapper(wrapped, instance, args, kwargs):
-            # BaseModelLoader.load_model(vllm_config, model_config, ...): initialise, load, then dispatch each layer;
-            # the dispatches of an in-process engine's model happen inside this call, in this thread.
-            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-            parallel = getattr(vllm_config, "parallel_config", None)
-            if getattr(parallel, "distributed_executor_backend", None) != IN_PROCESS_BACKEND:
-                return wrapped(*args, **kwargs)
-            state = _in_process_load()
-            before, state.active = getattr(state, "active", False), True
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                state.active = before
-
-        wrap(module.BaseModelLoader, "load_model", load_model_wrapper, ID)
-        return
-
     # vllm.model_executor.layers.utils: its callers import the function at call time, so the module attribute is the
     # one place to wrap. A layout we don't know is a skip (activation turns the error into one warning).
     import inspect
+
+    from nrl_shim.patching import wrap
 
     function = module.dispatch_cpu_unquantized_gemm
     if list(inspect.signature(function).parameters)[:2] != ["layer", "remove_weight"]:
@@ -213,15 +233,17 @@ def patch(module, settings):
     wrap(module, "dispatch_cpu_unquantized_gemm", dispatch_wrapper, ID)
 
 
-def unpatch(module):
+def unpatch_layer_utils(module):
     from nrl_shim.patching import unwrap
 
-    if module.__name__.endswith(".dummy_loader"):
-        unwrap(module.DummyModelLoader, "load_weights", ID)
-    elif module.__name__.endswith(".base_loader"):
-        unwrap(module.BaseModelLoader, "load_model", ID)
-    else:
-        unwrap(module, "dispatch_cpu_unquantized_gemm", ID)  # layers dispatched meanwhile stay live
+    unwrap(module, "dispatch_cpu_unquantized_gemm", ID)  # layers dispatched meanwhile stay live
+
+
+TARGETS = {
+    "vllm.model_executor.model_loader.dummy_loader": (patch_dummy_loader, unpatch_dummy_loader),
+    "vllm.model_executor.model_loader.base_loader": (patch_base_loader, unpatch_base_loader),
+    "vllm.model_executor.layers.utils": (patch_layer_utils, unpatch_layer_utils),
+}
 
 
 def idle(settings, version):

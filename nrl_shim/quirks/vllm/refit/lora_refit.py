@@ -49,7 +49,6 @@ REQUIRES = (
     "vllm.v1.engine.core:EngineCore.add_lora",
     "vllm.v1.engine.core:EngineCore.remove_lora",
 )
-TARGETS = ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core")
 
 WHAT = "vLLM LoRA adapter"
 UPSTREAM = "vLLM keys prefix blocks by adapter name/path and loads an id once; vllm-project/vllm#48352, #48297"
@@ -59,27 +58,42 @@ _KEY = "nrl-shim-lora-version"
 _VERSION: "dict[tuple[str, Any], int]" = {}
 
 
-def patch(module, settings):
+def patch_block_hash(module, settings):
     from nrl_shim.patching import wrap
 
-    if module.__name__.endswith(".kv_cache_utils"):
-        wrap(module, "_gen_lora_extra_hash_keys", _extra_keys_wrapper, ID)
-    else:
-        core = module.EngineCore
-        wrap(core, "preprocess_add_request", _preprocess_wrapper, ID)
-        wrap(core, "add_request", _add_request_wrapper, ID)
-        wrap(core, "add_lora", _add_lora_wrapper, ID)
-        wrap(core, "remove_lora", _remove_lora_wrapper, ID)
+    wrap(module, "_gen_lora_extra_hash_keys", _extra_keys_wrapper, ID)
 
 
-def unpatch(module):
+def unpatch_block_hash(module):
     from nrl_shim.patching import unwrap
 
-    if module.__name__.endswith(".kv_cache_utils"):
-        unwrap(module, "_gen_lora_extra_hash_keys", ID)
-    else:
-        for method in ("preprocess_add_request", "add_request", "add_lora", "remove_lora"):
-            unwrap(module.EngineCore, method, ID)
+    unwrap(module, "_gen_lora_extra_hash_keys", ID)
+
+
+_CORE_METHODS = ("preprocess_add_request", "add_request", "add_lora", "remove_lora")
+
+
+def patch_engine_core(module, settings):
+    from nrl_shim.patching import wrap
+
+    core = module.EngineCore
+    wrap(core, "preprocess_add_request", _preprocess_wrapper, ID)
+    wrap(core, "add_request", _add_request_wrapper, ID)
+    wrap(core, "add_lora", _add_lora_wrapper, ID)
+    wrap(core, "remove_lora", _remove_lora_wrapper, ID)
+
+
+def unpatch_engine_core(module):
+    from nrl_shim.patching import unwrap
+
+    for method in _CORE_METHODS:
+        unwrap(module.EngineCore, method, ID)
+
+
+TARGETS = {
+    "vllm.v1.core.kv_cache_utils": (patch_block_hash, unpatch_block_hash),
+    "vllm.v1.engine.core": (patch_engine_core, unpatch_engine_core),
+}
 
 
 def describe(settings, version):
@@ -371,18 +385,17 @@ def _remove_lora_wrapper(wrapped, instance, args, kwargs):
 
 def _say(core, change, workers):
     """One INFO line per kind of change per engine (then DEBUG): what changed, before -> after."""
-    import logging
-
     from nrl_shim import report
 
     state = _state(core)
     after = "never served again (requests waiting re-keyed; running requests keep their KV)"
     if workers:
         after += f"; the workers' copy: the old adapter kept -> {workers}"
-    level = logging.INFO if change["kind"] not in state.logged else logging.DEBUG
-    state.logged.add(change["kind"])
-    report.logger().log(
-        level,
+    report.first_at_info(
+        state.logged,
+        change["kind"],
+        ID,
+        "changed",
         "[%s] %s %r (id %s), %s: prefix blocks computed with its old weights (%s) -> %s (%s)",
         *(ID, WHAT, change["name"], change["id"], change["route"], change["old"].text(), after, UPSTREAM),
     )
