@@ -33,8 +33,8 @@ def config_path(model, revision=None, environ=None):
     if not isinstance(model, (str, os.PathLike)):
         return None
     model = os.fspath(model)
-    if not isinstance(model, str):
-        return None  # a PathLike of bytes
+    if not isinstance(model, str) or "\0" in model:
+        return None  # a PathLike of bytes; a NUL names no file (os.path.expanduser raises ValueError on it)
     local = os.path.expanduser(model)
     if os.path.isdir(local):
         path = os.path.join(local, "config.json")

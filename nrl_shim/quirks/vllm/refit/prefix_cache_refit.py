@@ -249,7 +249,6 @@ def _invalidate(scheduler, state):
     """Before the first step after a refit: nothing computed with the old weights may be found by a lookup again."""
     from nrl_shim import report
 
-    log = report.logger()
     why = state.pending
     full = False
     if not scheduler.running:  # vLLM's reset refuses (and warns) while requests hold blocks: don't ask then
@@ -280,18 +279,21 @@ def _invalidate(scheduler, state):
         )
     state.resets += 1
     state.pending = None
-    if _first_of_kind(state, full):
-        log.info(
-            "[%s] %s: stale blocks -> %s (%s; cached KV of the old weights would be served for every shared prefix; "
-            "requests after the refit share the blocks they compute; vLLM leaves this to the caller, see %s)",
-            ID,
-            WHAT,
-            what,
-            why,
-            LINK,
-        )
-    else:
-        log.debug("[%s] refit #%d: %s (%s)", ID, state.resets, what, why)
+    # One INFO line per engine for each of the two ways (a reset, a drop with requests running); the rest at DEBUG.
+    report.first_at_info(
+        state.kinds_logged,
+        "reset" if full else "drop",
+        ID,
+        "changed",
+        "[%s] %s: stale blocks -> %s (%s; cached KV of the old weights would be served for every shared prefix; "
+        "requests after the refit share the blocks they compute; vLLM leaves this to the caller, see %s)",
+        ID,
+        WHAT,
+        what,
+        why,
+        LINK,
+        later=("[%s] refit #%d: %s (%s)", ID, state.resets, what, why),
+    )
 
 
 def _parameters(function):
@@ -301,14 +303,6 @@ def _parameters(function):
         return inspect.signature(function).parameters
     except (TypeError, ValueError):
         return {}
-
-
-def _first_of_kind(state, full):
-    """One INFO line per engine for each of the two ways (a reset, a drop with requests running); the rest at DEBUG."""
-    kind = "reset" if full else "drop"
-    seen = kind in state.kinds_logged
-    state.kinds_logged.add(kind)
-    return not seen
 
 
 def _block_pools(manager):

@@ -305,7 +305,7 @@ class _RefitGuard:
             from nrl_shim.errors import RefitIncompleteError
 
             raise RefitIncompleteError(message + f" (NRL_SHIM_STRICT=1; NRL_SHIM_DISABLE={ID} turns the guard off)")
-        report.logger().warning("%s", message)
+        report.record(ID, "warning", "%s", message)
 
     def stop(self):
         """Nothing left to guard (or deactivated): the model gets its own load_weights back, no hook stays."""
