@@ -60,12 +60,16 @@ def engine_args_of(instance, args):
 
 def wrap_engine_config(module, quirk_id, fix, settings):
     """patch() of an EngineArgs quirk: run fix(engine_args, settings) before every EngineArgs.create_engine_config(),
-    the one function every engine entry path goes through on 0.8.5 - 0.33 (LLM, *.from_engine_args, OpenAI server)."""
+    the one function every engine entry path goes through on 0.8.5 - 0.33 (LLM, *.from_engine_args, OpenAI server).
+    A fix that must also see the VllmConfig built returns a callable: it runs on that config, after vLLM built it."""
     from nrl_shim.patching import wrap
 
     def create_engine_config_wrapper(wrapped, instance, args, kwargs):
-        fix(engine_args_of(instance, args), settings)
-        return wrapped(*args, **kwargs)
+        after = fix(engine_args_of(instance, args), settings)
+        vllm_config = wrapped(*args, **kwargs)
+        if callable(after):
+            after(vllm_config)
+        return vllm_config
 
     wrap(module.EngineArgs, "create_engine_config", create_engine_config_wrapper, quirk_id)
 

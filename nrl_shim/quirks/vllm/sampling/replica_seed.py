@@ -42,15 +42,15 @@ EXPLAIN_FIELDS = ("model_config.seed",)  # for `nrl-shim explain`
 
 
 def _patch_engine_config(module, settings):
-    from nrl_shim.patching import wrap
+    from nrl_shim.quirks.vllm._common import wrap_engine_config
 
-    wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+    wrap_engine_config(module, ID, _before_engine_config, settings)
 
 
 def _unpatch_engine_config(module):
-    from nrl_shim.patching import unwrap
+    from nrl_shim.quirks.vllm._common import unwrap_engine_config
 
-    unwrap(module.EngineArgs, "create_engine_config", ID)
+    unwrap_engine_config(module, ID)
 
 
 # Whether the caller chose the seed: vllm._engine_args tracks EngineArgs' explicit fields (LLM(...) and vLLM's argument
@@ -78,10 +78,7 @@ def describe(settings, version):
     )
 
 
-def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
-    from nrl_shim.quirks.vllm._common import engine_args_of
-
-    engine_args = engine_args_of(instance, args)
+def _before_engine_config(engine_args, settings):
     if engine_args is not None:
         try:
             _replica_seed(engine_args)
@@ -89,7 +86,6 @@ def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
             from nrl_shim import report
 
             report.logger().debug("[%s] seed left as it is: %r", ID, error)
-    return wrapped(*args, **kwargs)
 
 
 def _replica_seed(engine_args):

@@ -65,7 +65,7 @@ SAMPLING_FIELDS = (
 
 
 def _patch_engine_config(module, settings):
-    from nrl_shim.patching import wrap
+    from nrl_shim.quirks.vllm._common import wrap_engine_config
 
     if settings.sampling_defaults != "rl":
         from nrl_shim import report
@@ -74,13 +74,13 @@ def _patch_engine_config(module, settings):
             ID, "vLLM's sampling defaults", "NRL_SHIM_SAMPLING_DEFAULTS=serving: vLLM's serving defaults kept"
         )
         return
-    wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+    wrap_engine_config(module, ID, _before_engine_config, settings)
 
 
 def _unpatch_engine_config(module):
-    from nrl_shim.patching import unwrap
+    from nrl_shim.quirks.vllm._common import unwrap_engine_config
 
-    unwrap(module.EngineArgs, "create_engine_config", ID)
+    unwrap_engine_config(module, ID)
 
 
 TARGETS = engine_args_tracker.targets(
@@ -101,21 +101,21 @@ def describe(settings, version):
     )
 
 
-def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
+def _before_engine_config(engine_args, settings):
     from nrl_shim import report
-    from nrl_shim.quirks.vllm._common import engine_args_of
 
-    engine_args = engine_args_of(instance, args)
     explicit = engine_args_tracker.explicit(engine_args) if engine_args is not None else None
-    vllm_config = wrapped(*args, **kwargs)
     if explicit is None:
         report.logger().debug("[%s] EngineArgs built before the shim was active: its explicit fields are unknown", ID)
-        return vllm_config
-    try:
-        _generation_config(engine_args, explicit, vllm_config)
-    except Exception as error:  # never break an engine over this
-        report.logger().debug("[%s] generation_config left as it is: %r", ID, error)
-    return vllm_config
+        return None
+
+    def after(vllm_config):  # the model config vLLM resolved (generation_config="auto" is read there)
+        try:
+            _generation_config(engine_args, explicit, vllm_config)
+        except Exception as error:  # never break an engine over this
+            report.logger().debug("[%s] generation_config left as it is: %r", ID, error)
+
+    return after
 
 
 def _generation_config(engine_args, explicit, vllm_config):

@@ -108,17 +108,17 @@ def _serving(settings):
 
 
 def _patch_engine_config(module, settings):
-    from nrl_shim.patching import wrap
+    from nrl_shim.quirks.vllm._common import wrap_engine_config
 
     _LOGPROBS_SETTING[0] = settings.logprobs
     if not _serving(settings):
-        wrap(module.EngineArgs, "create_engine_config", _create_engine_config_wrapper, ID)
+        wrap_engine_config(module, ID, _before_engine_config, settings)
 
 
 def _unpatch_engine_config(module):
-    from nrl_shim.patching import unwrap
+    from nrl_shim.quirks.vllm._common import unwrap_engine_config
 
-    unwrap(module.EngineArgs, "create_engine_config", ID)
+    unwrap_engine_config(module, ID)
 
 
 def _patch_sampler_module(module, settings):
@@ -169,24 +169,24 @@ def describe(settings, version):
     return f"where the caller left vLLM's default: {_LOGPROBS_DESCRIBED[settings.logprobs]} (releases with it: 0.10.1+); an explicit choice kept"
 
 
-def _create_engine_config_wrapper(wrapped, instance, args, kwargs):
+def _before_engine_config(engine_args, settings):
     from nrl_shim import report
-    from nrl_shim.quirks.vllm._common import engine_args_of
 
-    engine_args = engine_args_of(instance, args)
     explicit = engine_args_tracker.explicit(engine_args) if engine_args is not None else None
     if explicit is None:
         report.logger().debug("[%s] EngineArgs built before the shim was active: its explicit fields are unknown", ID)
-        return wrapped(*args, **kwargs)
+        return None
     mark = _logprobs_mode(engine_args, explicit)
-    vllm_config = wrapped(*args, **kwargs)
-    model_config = getattr(vllm_config, "model_config", None)
-    if mark is not None and model_config is not None:
-        try:
-            vars(model_config)[_MARK] = mark
-        except TypeError:  # a config without __dict__: the sampler then keeps vLLM's processed_logprobs
-            pass
-    return vllm_config
+
+    def after(vllm_config):  # the engine's samplers read the mark from its model config
+        model_config = getattr(vllm_config, "model_config", None)
+        if mark is not None and model_config is not None:
+            try:
+                vars(model_config)[_MARK] = mark
+            except TypeError:  # a config without __dict__: the sampler then keeps vLLM's processed_logprobs
+                pass
+
+    return after
 
 
 def _logprobs_mode(engine_args, explicit):
