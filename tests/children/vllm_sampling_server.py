@@ -1,5 +1,5 @@
 """vLLM's OpenAI server (CPU build) of a tiny checkpoint whose generation_config.json carries sampling values, for
-tests/vllm_sampling_runs.py: `python rollout_sampling_server.py MODEL_DIR PORT SERVER_ARGV.json`. Starts the server
+tests/vllm_sampling_runs.py: `python vllm_sampling_server.py MODEL_DIR PORT SERVER_ARGV.json`. Starts the server
 (SERVER_ARGV: the command, e.g. `vllm serve MODEL` or `python -m vllm.entrypoints.openai.api_server --model MODEL`;
 this file adds host, port and small-engine flags, the hermes tool parser and `--enable-log-requests`), then sends
 - a GRPO group: `/v1/completions` with n=8, temperature 1.0, nothing else about sampling: distinct completions;

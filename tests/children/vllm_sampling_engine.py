@@ -1,5 +1,5 @@
 """vLLM's sampling defaults on real engines (CPU build), for tests/vllm_sampling_runs.py (the sampling fixes' tests):
-`python rollout_sampling_engine.py MODEL_DIR CASES.json`. MODEL_DIR's generation_config.json carries sampling values
+`python vllm_sampling_engine.py MODEL_DIR CASES.json`. MODEL_DIR's generation_config.json carries sampling values
 (top_k 1, top_p 0.001, temperature 0.1). Per case: an in-process `LLM` (keyword arguments from the case), then
 - `distinct`: distinct completions of 8 requests made with no sampling params (vLLM's defaults then apply),
 - `logprob_gap`: the largest |vLLM's logprob - transformers' log_softmax(logits / 0.5)| over 8 tokens sampled at
