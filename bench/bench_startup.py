@@ -115,8 +115,14 @@ def make_tree(root, package_dir=None, ref=None, synthetic=0):
             with open(os.path.join(quirks, f"synthetic_{i:02d}.py"), "w") as f:
                 f.write(SYNTHETIC.format(i=i))
             lines.append(f'"synthetic-quirk-{i:02d}" = "nrl_shim.quirks.synthetic_{i:02d}"')
-        with open(os.path.join(REPO, "pyproject.toml")) as f:
-            source = f.read()
+        if ref is None:
+            with open(os.path.join(REPO, "pyproject.toml")) as f:
+                source = f.read()
+        else:  # the entry points of that revision: its modules may live elsewhere (before quirks/<library>/)
+            shown = subprocess.run(
+                ["git", "-C", REPO, "show", f"{ref}:pyproject.toml"], check=True, capture_output=True
+            )
+            source = shown.stdout.decode()
         table = '[project.entry-points."nrl_shim.quirks"]\n'
         if table not in source:
             raise SystemExit("pyproject.toml: no nrl_shim.quirks entry points to add synthetic quirks to")
@@ -144,9 +150,33 @@ def make_tree(root, package_dir=None, ref=None, synthetic=0):
         # Trees with a quirk index (generated from QUIRK_MODULES) get it regenerated; older trees have none.
         regenerate = "from nrl_shim import docs\nif hasattr(docs, 'write_quirk_index'): docs.write_quirk_index()"
         _run([sys.executable, "-c", regenerate], _env(PYTHONPATH=root, NRL_SHIM="0"), cwd=root)
+    _own_dist_info(root, ref)
     # As pip does (uv needs --compile-bytecode): start-up is measured against compiled modules.
     _run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "nrl_shim")], _env())
     return root
+
+
+def _own_dist_info(root, ref):
+    """An nrl-shim dist-info beside the copy, with the entry points of that tree's pyproject.toml (the synthetic ones
+    included): first on PYTHONPATH, it shadows the interpreter's installed nrl-shim, whose entry points name the
+    modules of *its* layout. Without it an older tree would take the installed built-ins for plugins it cannot
+    import (one warning and one failed import each, at every start)."""
+    import tomllib
+
+    path = os.path.join(root, "pyproject.toml")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            project = tomllib.load(f)["project"]
+    else:
+        show = ["git", "-C", REPO, "show", f"{ref or 'HEAD'}:pyproject.toml"]
+        project = tomllib.loads(subprocess.run(show, check=True, capture_output=True).stdout.decode())["project"]
+    dist_info = os.path.join(root, "nrl_shim-0.0.0.dist-info")
+    os.makedirs(dist_info, exist_ok=True)
+    with open(os.path.join(dist_info, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: nrl-shim\nVersion: 0.0.0\n")
+    with open(os.path.join(dist_info, "entry_points.txt"), "w") as f:
+        for group, entries in project.get("entry-points", {}).items():
+            f.write(f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items()) + "\n")
 
 
 def install_plugin(root):
