@@ -144,6 +144,9 @@ def test_actor_on_a_second_node_runs_the_shim(cluster, gemma, tmp_path):
     assert any(GEMMA_FIX in line for line in out["engine"]["log"]), out["engine"]
 
 
+# CI's time (~2 min): the job report across processes is shown on one node by tests/test_job_report.py; the second
+# node is a further route, run in `nox -t full`.
+@pytest.mark.full
 def test_job_report_gathers_every_process_and_the_second_node(cluster, tmp_path):
     """`nrl-shim run` prints what each fix did across the job, and `nrl-shim report --json` reads it: the prefix-cache
     reset of the actor on the second node (records kept on that node, in a directory the head never sees: read
