@@ -194,6 +194,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm.refit.prefix_cache_refit_v0",
+        "vllm-prefix-cache-refit-v0",
+        ("vllm.model_executor.model_loader.base_loader", "vllm.core.scheduler", "vllm.engine.llm_engine"),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm.refit.lora_refit",
         "vllm-lora-refit",
         ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core"),
