@@ -41,11 +41,6 @@ REQUIRES = (
     "vllm.core.scheduler:Scheduler.reset_prefix_cache",
     "vllm.engine.llm_engine:LLMEngine.collective_rpc",
 )
-TARGETS = (
-    "vllm.model_executor.model_loader.base_loader",
-    "vllm.core.scheduler",
-    "vllm.engine.llm_engine",
-)
 
 WHAT = "vLLM V0 prefix cache after a refit"
 _V0_ENGINE_MODULE = "vllm.engine.llm_engine"
@@ -54,36 +49,55 @@ _LOCAL = {"refits": 0, "models": 0}
 _WATCHED: "Any" = None  # WeakSet of watched models (for unpatch), created on first use
 
 
-def patch(module, settings):
+def _patch_loader(module, settings):
     from nrl_shim.patching import wrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
-    elif name.endswith(".scheduler"):
-        wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-        wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
-    else:
-        engine = _v0_engine_class(module)
-        if engine is not None:
-            wrap(engine, "collective_rpc", _collective_rpc_wrapper, ID)
+    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
 
 
-def unpatch(module):
+def _unpatch_loader(module):
     from nrl_shim.patching import unwrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        unwrap(module.BaseModelLoader, "load_model", ID)
-        for model in list(_WATCHED or ()):
-            _unwatch(model)
-    elif name.endswith(".scheduler"):
-        unwrap(module.Scheduler, "schedule", ID)
-        unwrap(module.Scheduler, "reset_prefix_cache", ID)
-    else:
-        engine = _v0_engine_class(module)
-        if engine is not None:
-            unwrap(engine, "collective_rpc", ID)
+    unwrap(module.BaseModelLoader, "load_model", ID)
+    for model in list(_WATCHED or ()):
+        _unwatch(model)
+
+
+def _patch_scheduler(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
+    wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
+
+
+def _unpatch_scheduler(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Scheduler, "schedule", ID)
+    unwrap(module.Scheduler, "reset_prefix_cache", ID)
+
+
+def _patch_engine(module, settings):
+    from nrl_shim.patching import wrap
+
+    engine = _v0_engine_class(module)
+    if engine is not None:
+        wrap(engine, "collective_rpc", _collective_rpc_wrapper, ID)
+
+
+def _unpatch_engine(module):
+    from nrl_shim.patching import unwrap
+
+    engine = _v0_engine_class(module)
+    if engine is not None:
+        unwrap(engine, "collective_rpc", ID)
+
+
+TARGETS = {
+    "vllm.model_executor.model_loader.base_loader": (_patch_loader, _unpatch_loader),
+    "vllm.core.scheduler": (_patch_scheduler, _unpatch_scheduler),
+    _V0_ENGINE_MODULE: (_patch_engine, _unpatch_engine),
+}
 
 
 def _v0_engine_class(module):
