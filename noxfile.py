@@ -524,7 +524,7 @@ SGLANG_NEMO_RL_DEPS = [
     "watchfiles",
     "xgrammar==0.2.0",
     "smg-grpc-servicer>=0.5.0",
-    "kernels",
+    "kernels>=0.12.0,<0.13",  # what transformers 5.6.0 accepts (its `kernels` extra); newer ones break its hub-kernel table
 ]
 
 

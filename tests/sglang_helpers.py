@@ -3,6 +3,7 @@ the environment of an engine's processes (the CPU harness in tests/sglang_cpu, R
 checkpoint and transformers' reference continuation."""
 
 import importlib.metadata
+import importlib.util
 import os
 
 import pytest
@@ -16,6 +17,21 @@ try:
     SGLANG_VERSION: str | None = importlib.metadata.version("sglang")
 except importlib.metadata.PackageNotFoundError:
     SGLANG_VERSION = None
+
+
+def install_torchvision_ops() -> None:
+    """The harness's torchvision fix in this process (the test process writes checkpoints and computes references with
+    transformers, which imports torchvision where it is installed), loaded by path: the harness's sgl_kernel stand-in
+    stays off this process's sys.path."""
+    spec = importlib.util.spec_from_file_location("torchvision_ops", os.path.join(HARNESS, "torchvision_ops.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
+
+
+if SGLANG_VERSION is not None:
+    install_torchvision_ops()
 
 REAL_SGLANG = [
     pytest.mark.sglang,
