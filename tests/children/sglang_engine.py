@@ -9,9 +9,9 @@ Cases, each on the engine as the cases before it left it (its radix cache includ
 - {"kind": "update_from_tensor", "checkpoint": dir, "flush_cache": bool}: the checkpoint's tensors through
   `Engine.update_weights_from_tensor` (inside begin_weight_update()/end_weight_update() where the release has them:
   0.5.21+ refuses an update outside that session), as NeMo RL's and slime's refits send each bucket;
-- {"kind": "flush_cache"}: `Engine.flush_cache()`.
-Prints one JSON line: the engine's start time and per case its result, its time and the `nrl_shim` records of this
-process.
+- {"kind": "flush_cache", "retry_s": s}: `Engine.flush_cache()`, retried while refused, up to s seconds.
+Prints one JSON line: whether the shim is active here, the engine's start time and the `nrl_shim` records of this
+process during it, and per case its result, its time and those records.
 """
 
 import json
@@ -54,8 +54,15 @@ def update_from_tensor(engine, case):
 
 
 def flush_cache(engine, case):
-    result = engine.flush_cache()
-    return {"success": bool(getattr(result, "success", result))}
+    """Retried each second up to `retry_s`, as NeMo RL retries its flush: a flush right after a request finished can be
+    refused while the scheduler still holds that request (seen on 0.5.12.post1)."""
+    deadline, attempts = time.monotonic() + case.get("retry_s", 0), []
+    while True:
+        result = engine.flush_cache()
+        attempts.append(bool(getattr(result, "success", result)))
+        if attempts[-1] or time.monotonic() >= deadline:
+            return {"success": attempts[-1], "attempts": attempts}
+        time.sleep(1)
 
 
 CASES = {"generate": generate, "update_from_tensor": update_from_tensor, "flush_cache": flush_cache}
@@ -73,6 +80,7 @@ def main():
 
     engine = sglang.Engine(**run["engine"])
     start_s = time.monotonic() - started
+    start_log = list(records.messages)
     results = []
     try:
         for case in run["cases"]:
@@ -81,7 +89,10 @@ def main():
             results.append({"result": result, "seconds": time.monotonic() - t0, "log": records.messages[first:]})
     finally:
         engine.shutdown()
-    print(json.dumps({"sglang": sglang.__version__, "engine_start_s": start_s, "cases": results}), flush=True)
+    import nrl_shim
+
+    summary = {"sglang": sglang.__version__, "shim_active": nrl_shim.is_active(), "engine_start_s": start_s}
+    print(json.dumps({**summary, "start_log": start_log, "cases": results}), flush=True)
 
 
 if __name__ == "__main__":  # the engine's scheduler and detokenizer are spawned: they import this file again
