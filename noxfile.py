@@ -541,22 +541,43 @@ def _sglang_venv(session: nox.Session, release: str, deps: list[str]) -> None:
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
 
 
-# Not in CI yet (the lead decides): `nox -s sglang` (~3 GB venv).
-@nox.session(python="3.11", tags=["full"])
-def sglang(session: nox.Session) -> None:
-    """Real SGLang engines on the CPU (tests marked `sglang`): SGLang 0.5.23 with torch +cpu, its test harness in
-    tests/sglang_cpu/ (on PYTHONPATH in the engine's processes only)."""
-    _sglang_venv(session, SGLANG, SGLANG_DEPS)
+# The SGLang fixes' contract checks (the quirk contract, on the real release) and their engine tests. CI: the tests
+# that show each fix's failure and its repair (one HTTP server per shim setting, ~2 min; ~3 GB venv); `nox -t full`:
+# the further routes (marked `full`) and NeMo RL's pin.
+SGLANG_CONTRACT = ["tests/test_quirk_contract.py", "-k", "sglang"]
+
+
+def _sglang_tests(session: nox.Session, marker: str) -> None:
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", *SGLANG_CONTRACT, env=TEST_ENV)
     session.run(
-        "python", "-m", "pytest", *(session.posargs or ["-q", "-p", "no:xdist", "-m", "sglang", "tests"]), env=TEST_ENV
+        "python", "-m", "pytest", *(session.posargs or ["-q", "-p", "no:xdist", "-m", marker, "tests"]), env=TEST_ENV
     )
 
 
-# NeMo RL HEAD's pin, same harness (tests/sglang_cpu/README.md): `nox -s sglang_nemo_rl`.
+@nox.session(python="3.11", tags=["ci"])
+def sglang(session: nox.Session) -> None:
+    """Real SGLang engines on the CPU (tests marked `sglang`, not `full`): SGLang 0.5.23 with torch +cpu, its test
+    harness in tests/sglang_cpu/ (on PYTHONPATH in the engine's processes only)."""
+    _sglang_venv(session, SGLANG, SGLANG_DEPS)
+    _sglang_tests(session, "sglang and not full")
+
+
+@nox.session(python="3.11", tags=["full"])
+def sglang_full(session: nox.Session) -> None:
+    """The SGLang engine tests marked `full` (further routes), on sglang's release (uv links the venv from its cache)."""
+    _sglang_venv(session, SGLANG, SGLANG_DEPS)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "-p", "no:xdist", "-m", "sglang and full", "tests"]),
+        env=TEST_ENV,
+    )
+
+
+# NeMo RL HEAD's pin, same harness (tests/sglang_cpu/README.md): every SGLang test.
 @nox.session(python="3.11", tags=["full"])
 def sglang_nemo_rl(session: nox.Session) -> None:
     """The SGLang engine tests on SGLang 0.5.12.post1 (NeMo RL HEAD's pin), torch +cpu."""
     _sglang_venv(session, SGLANG_NEMO_RL, SGLANG_NEMO_RL_DEPS)
-    session.run(
-        "python", "-m", "pytest", *(session.posargs or ["-q", "-p", "no:xdist", "-m", "sglang", "tests"]), env=TEST_ENV
-    )
+    _sglang_tests(session, "sglang")

@@ -326,6 +326,17 @@ QUIRKS = (
             ),
         ),
     ),
+    (
+        "nrl_shim.quirks.sglang.radix_cache_refit",
+        "sglang-radix-cache-refit",
+        (
+            "sglang.srt.managers.schedule_batch",
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (
