@@ -337,6 +337,20 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.sampling_defaults",
+        "sglang-sampling-defaults",
+        ("sglang.srt.server_args", "sglang.srt.configs.model_config"),
+        None,
+        (),
+    ),
+    (
+        "nrl_shim.quirks.sglang.trainer_logprobs",
+        "sglang-trainer-logprobs",
+        ("sglang.srt.entrypoints.engine", "sglang.srt.layers.sampler", "sglang.srt.layers.logprob_processor"),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

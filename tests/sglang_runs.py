@@ -21,14 +21,29 @@ RUNNING_PROMPT = [(i * 11) % 500 + 3 for i in range(100)]
 RUNNING_TOKENS = 900  # long enough to be running when the update comes (a few s of decode here)
 GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "top_k": 1}
 
+GROUP = 8  # a GRPO group: 8 chat completions of one prompt at temperature 1.0
+_CHAT = {"messages": [{"role": "user", "content": "hello world"}], "temperature": 1.0, "max_tokens": 12}
+CHAT_CASES = [
+    ("chat_unset", {"kind": "chat", "n": GROUP, "body": _CHAT}),  # top_k/top_p left unset
+    ("chat_request_top_k", {"kind": "chat", "n": GROUP, "body": {**_CHAT, "top_k": 1}}),  # the request's own
+]
+
+SAMPLED_PROMPT = [(i * 13) % 500 + 3 for i in range(40)]
+SAMPLING = {"temperature": 0.7, "top_p": 0.8}  # NeMo RL's request with its training-time top-p
+SAMPLE_CASES = [("sampled_top_p", {"kind": "sample", "prompt": SAMPLED_PROMPT, "max_tokens": 16, "sampling": SAMPLING})]
+SAMPLED_WEIGHTS = "B"  # the checkpoint the server holds when the sampled case runs
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     ("update_b_no_flush", {"kind": "update_from_disk", "model_path": "B", "flush_cache": False}),
     ("after_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     ("follower", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    # before the update while requests run: without the shim 0.5.12.post1's scheduler asserts there and the server dies
+    *CHAT_CASES,
+    *SAMPLE_CASES,
     (
-        "update_a_running",
+        "update_c_running",
         {
             "kind": "update_while_running",
             "model_path": "C",  # not A: without the shim the radix cache still holds A's KV of the first request
@@ -70,11 +85,13 @@ def references():
 
 
 @functools.cache
-def server_run(shim: bool) -> dict:
-    """The server child's output with the shim on (NRL_SHIM=1) or off; results by case name."""
+def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> dict:
+    """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
+    of ORDER named in `names` (default: all) in ORDER's order; results by case name."""
     paths = checkpoints()
+    order = [(name, case) for name, case in ORDER if not names or name in names]
     cases = []
-    for _name, case in ORDER:
+    for _name, case in order:
         case = dict(case)
         if "model_path" in case:
             case["model_path"] = paths[case["model_path"]]
@@ -82,14 +99,17 @@ def server_run(shim: bool) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-{'shim' if shim else 'plain'}-"))
     out, _proc = run_case(
         child_path("sglang_server"),
-        {"model_path": paths["A"], "args": _server_args(), "cases": cases},
+        {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases},
         root,
-        env=sglang_env({"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO"}),
+        # NRL_SHIM_LOGPROBS=truncated: the trainer NeMo RL HEAD is (its top-p filter), without running NeMo RL here
+        env=sglang_env(
+            {"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO", "NRL_SHIM_LOGPROBS": "truncated"}
+        ),
         timeout=1800,
     )
-    results = {name: case["result"] for (name, _), case in zip(ORDER, out["cases"])}
+    results = {name: case["result"] for (name, _), case in zip(order, out["cases"])}
     print(
-        f"SGLang {out['sglang']} server ({'shim' if shim else 'no shim'}): up in {out['start_s']} s, died: "
+        f"SGLang {out['sglang']} server ({'shim' if shim else 'no shim'}{', ' + ' '.join(args) if args else ''}): up in {out['start_s']} s, died: "
         f"{out['died']}; shim lines: {out['shim_lines']}",
         file=sys.stderr,
     )

@@ -88,7 +88,7 @@ def test_update_without_flush_serves_new_weights_under_the_shim(shim):
 
 @real_sglang
 def test_refused_flush_fails_or_kills_the_server_without_the_shim(plain):
-    update = plain["results"]["update_a_running"]
+    update = plain["results"]["update_c_running"]
     after = plain["results"]["after_running_update"]
     if plain["died"] is not None or "error" in after:  # up to 0.5.21: the scheduler's assert takes the server down
         assert "Cache flush failed after updating weights" in plain["log_tail"], plain["log_tail"]
@@ -101,7 +101,7 @@ def test_refused_flush_fails_or_kills_the_server_without_the_shim(plain):
 
 @real_sglang
 def test_refused_flush_under_the_shim(shim):
-    update = shim["results"]["update_a_running"]
+    update = shim["results"]["update_c_running"]
     assert shim["died"] is None
     assert update["update"]["status"] == 200 and update["update"]["body"]["success"], update
     assert all(update["finished"]), update  # the requests running at the update finish

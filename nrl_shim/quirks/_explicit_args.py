@@ -21,6 +21,7 @@ import dataclasses
 import sys
 import weakref
 from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any
 
 ATTRIBUTE = "_nrl_shim_explicit_args"  # on an instance: frozenset of the field names its caller chose
@@ -54,6 +55,13 @@ def options_named(
         elif name.startswith("no_") and name[3:] in fields:
             named.add(name[3:])
     return frozenset(named)
+
+
+def field_names(instance: Any) -> list[str]:
+    """The fields of an argument record: a dataclass's, or a msgspec Struct's (SGLang's ServerArgs from 0.5.20)."""
+    if dataclasses.is_dataclass(instance):
+        return [field.name for field in dataclasses.fields(instance)]
+    return list(getattr(type(instance), "__struct_fields__", ()))
 
 
 class ExplicitArgs:
@@ -156,8 +164,54 @@ class ExplicitArgs:
         vars(built)[ATTRIBUTE] = options_named(self.argv_of(namespace), fields, self.config_options)
         return built
 
+    def parsed_wrapper(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        """A function that parses an argument list and builds the record from it (SGLang's
+        `prepare_server_args(argv)`): what was chosen is what that list names."""
+        built = wrapped(*args, **kwargs)
+        argv = args[0] if args else kwargs.get("argv")
+        argv = sys.argv[1:] if argv is None else argv
+        try:
+            vars(built)[ATTRIBUTE] = options_named(argv, field_names(built), self.config_options)
+        except TypeError:  # a record without a __dict__: nothing known about it
+            pass
+        return built
+
     def argv_of(self, namespace: object) -> tuple[str, ...]:
         entry = self._parsed_from.get(id(namespace))
         if entry is not None and entry[0]() is namespace:
             return entry[1]
         return tuple(sys.argv[1:])  # parsed by another parser: the process's own command line
+
+
+Patch = Callable[[ModuleType, Any], None]
+Unpatch = Callable[[ModuleType], None]
+Track = Callable[[ModuleType, str, bool], None]
+
+
+def tracker_targets(
+    tracked: dict[str, Track], quirk_id: str, own: dict[str, tuple[Patch, Unpatch]] | None = None
+) -> dict[str, tuple[Patch, Unpatch]]:
+    """TARGETS for a fix of `quirk_id` that reads a library's tracker: {module name: (patch, unpatch)} tracking on the
+    modules in `tracked` ({module name: track(module, quirk_id, attach)}), followed on each module by the fix's `own`
+    handlers for it (and its own modules): on a module in both, the tracker's layers go on first."""
+    own = dict(own or {})
+    result: dict[str, tuple[Patch, Unpatch]] = {}
+    for name in (*tracked, *(name for name in own if name not in tracked)):
+        result[name] = _handlers(quirk_id, tracked.get(name), own.get(name))
+    return result
+
+
+def _handlers(quirk_id: str, track: Track | None, own: tuple[Patch, Unpatch] | None) -> tuple[Patch, Unpatch]:
+    def patch(module: ModuleType, settings: Any) -> None:
+        if track is not None:
+            track(module, quirk_id, True)
+        if own is not None:
+            own[0](module, settings)
+
+    def unpatch(module: ModuleType) -> None:
+        if own is not None:
+            own[1](module)
+        if track is not None:
+            track(module, quirk_id, False)
+
+    return patch, unpatch

@@ -10,7 +10,9 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "update_while_running", "model_path": dir, "requests": k, "prompt": ids, "max_tokens": n}: k requests
   started, the generation paused in place once they run (slime's and verl's way), /update_weights_from_disk with
   its flush (SGLang's default), generation continued, the k requests awaited;
-- {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts.
+- {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
+- {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
+  parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs.
 Prints one JSON line: SGLang's version, start time, per case its result and time, the server's exit code if it died,
 and the server's log lines of the shim (`[<quirk id>]`).
 """
@@ -30,9 +32,19 @@ START_TIMEOUT_S = 900
 
 
 def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port well below 55535: SGLang derives more ports from its own (0.5.12.post1 checks port + 10000 for its
+    gRPC port and refuses the start above 65535), so a kernel-chosen ephemeral port may not do."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(20000, 45000, 10)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-45000")
 
 
 class Server:
@@ -89,11 +101,12 @@ class Server:
 
 
 def generate(server, case):
+    sampling = case.get("sampling", {"temperature": 0.0})
     status, out = server.post(
         "/generate",
         {
             "input_ids": case["prompt"],
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": case["max_tokens"], "ignore_eos": True},
+            "sampling_params": {**sampling, "max_new_tokens": case["max_tokens"], "ignore_eos": True},
             "return_logprob": True,
         },
     )
@@ -162,6 +175,7 @@ CASES = {
     "update_from_disk": update_from_disk,
     "update_while_running": update_while_running,
     "chat": chat,
+    "sample": generate,
 }
 
 

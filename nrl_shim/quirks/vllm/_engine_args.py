@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from nrl_shim.quirks._explicit_args import ExplicitArgs, explicit, options_named
+from nrl_shim.quirks._explicit_args import ExplicitArgs, Patch, Unpatch, explicit, options_named, tracker_targets
 
 __all__ = ("ARG_UTILS", "TRACKED", "explicit", "options_named", "targets")
 
@@ -70,33 +70,8 @@ TRACKED: dict[str, Callable[[ModuleType, str, bool], None]] = {
     LLM_MODULE: _track_llm,
 }
 
-Patch = Callable[[ModuleType, Any], None]
-Unpatch = Callable[[ModuleType], None]
-
 
 def targets(quirk_id: str, own: dict[str, tuple[Patch, Unpatch]] | None = None) -> dict[str, tuple[Patch, Unpatch]]:
     """TARGETS for a fix of `quirk_id` that reads the caller's explicit engine arguments: {module name: (patch,
     unpatch)} tracking them, followed on each module by the fix's `own` handlers for it (and its own modules)."""
-    own = dict(own or {})
-    result: dict[str, tuple[Patch, Unpatch]] = {}
-    for name in (*TRACKED, *(name for name in own if name not in TRACKED)):
-        result[name] = _handlers(quirk_id, TRACKED.get(name), own.get(name))
-    return result
-
-
-def _handlers(
-    quirk_id: str, track: Callable[[ModuleType, str, bool], None] | None, own: tuple[Patch, Unpatch] | None
-) -> tuple[Patch, Unpatch]:
-    def patch(module: ModuleType, settings: Any) -> None:
-        if track is not None:
-            track(module, quirk_id, True)
-        if own is not None:
-            own[0](module, settings)
-
-    def unpatch(module: ModuleType) -> None:
-        if own is not None:
-            own[1](module)
-        if track is not None:
-            track(module, quirk_id, False)
-
-    return patch, unpatch
+    return tracker_targets(TRACKED, quirk_id, own)
