@@ -55,8 +55,9 @@ ENGINE_KW = {
 }
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-# vocab 512, hidden 128, 2 layers (tests/tiny_models.py's Llama, widened), float32, room for 1024 positions.
-LLAMA = {"hidden_size": 128, "head_dim": 64, "max_position_embeddings": 1024}
+# vocab 512, hidden 128, 2 layers (tests/tiny_models.py's Llama, widened), float32, room for 4096 positions (the
+# server runs' long requests; an Engine's context is ENGINE_KW's).
+LLAMA = {"hidden_size": 128, "head_dim": 64, "max_position_embeddings": 4096}
 
 
 def sglang_env(extra: dict | None = None) -> dict:

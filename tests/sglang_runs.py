@@ -18,7 +18,8 @@ from sglang_helpers import ENGINE_KW, reference, sglang_env, write_llama
 PROMPT = [(i * 37) % 500 + 3 for i in range(300)]  # a long shared prefix, token ids of the tiny vocabulary
 MAX_TOKENS = 8
 RUNNING_PROMPT = [(i * 11) % 500 + 3 for i in range(100)]
-RUNNING_TOKENS = 900  # long enough to be running when the update comes (a few s of decode here)
+RUNNING_TOKENS = 3000  # long enough to be running when the update comes (~10 s of decode here)
+CONTEXT = 4096  # the server's context: the running requests' 100 + 3000 tokens
 GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "top_k": 1}
 
 GROUP = 8  # a GRPO group: 8 chat completions of one prompt at temperature 1.0
@@ -28,7 +29,9 @@ CHAT_CASES = [
     ("chat_request_top_k", {"kind": "chat", "n": GROUP, "body": {**_CHAT, "top_k": 1}}),  # the request's own
 ]
 
-SAMPLED_PROMPT = [(i * 13) % 500 + 3 for i in range(40)]
+# Its own first token: a prompt that shares even one token with an earlier one would, without the shim, start from
+# that token's KV of older weights (the radix bug itself) and spoil the logprob comparison.
+SAMPLED_PROMPT = [499] + [(i * 13) % 500 + 3 for i in range(39)]
 SAMPLING = {"temperature": 0.7, "top_p": 0.8}  # NeMo RL's request with its training-time top-p
 SAMPLE_CASES = [("sampled_top_p", {"kind": "sample", "prompt": SAMPLED_PROMPT, "max_tokens": 16, "sampling": SAMPLING})]
 SAMPLED_WEIGHTS = "B"  # the checkpoint the server holds when the sampled case runs
@@ -64,7 +67,8 @@ def _server_args():
             args.append(option)
         else:
             args += [option, str(value)]
-    return [*args, "--max-total-tokens", "8192"]  # the 4 running requests (4 x 1000) next to the cached prompts
+    # the 4 running requests (4 x 3100 tokens) next to the cached prompts; launch_server takes the last of an option
+    return [*args, "--max-total-tokens", "16384", "--context-length", str(CONTEXT)]
 
 
 @functools.cache

@@ -12,7 +12,9 @@ Cases, each on the server as the cases before it left it (weights and radix cach
   its flush (SGLang's default), generation continued, the k requests awaited;
 - {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
-  parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs.
+  parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
+- {"kind": "group", "prompt": ids, "n": k, "max_tokens": n}: k concurrent sampled requests of one prompt (a GRPO
+  group): their generated tokens, cached prompt tokens and the wall time.
 Prints one JSON line: SGLang's version, start time, per case its result and time, the server's exit code if it died,
 and the server's log lines of the shim (`[<quirk id>]`).
 """
@@ -141,7 +143,7 @@ def update_while_running(server, case):
     threads = [threading.Thread(target=one, args=(i,)) for i in range(case["requests"])]
     for thread in threads:
         thread.start()
-    time.sleep(case.get("settle_s", 2))  # the requests are admitted and decoding (each runs ~10 s here)
+    time.sleep(case.get("settle_s", 1))  # the requests are admitted and decoding (each runs ~10 s here)
     pause = server.post("/pause_generation", {"mode": "in_place"})
     try:
         update = server.post("/update_weights_from_disk", {"model_path": case["model_path"]})
@@ -162,6 +164,26 @@ def update_while_running(server, case):
     }
 
 
+def group(server, case):
+    results = [None] * case["n"]
+    sample = {"prompt": case["prompt"], "max_tokens": case["max_tokens"], "sampling": {"temperature": 1.0}}
+
+    def one(index):
+        results[index] = generate(server, sample)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(case["n"])]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {
+        "seconds": time.monotonic() - started,
+        "tokens": sum(len(r.get("tokens", ())) for r in results),
+        "cached": [r.get("cached", 0) for r in results],
+    }
+
+
 def chat(server, case):
     texts = []
     for _ in range(case["n"]):
@@ -176,6 +198,7 @@ CASES = {
     "update_while_running": update_while_running,
     "chat": chat,
     "sample": generate,
+    "group": group,
 }
 
 
