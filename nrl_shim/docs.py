@@ -70,7 +70,7 @@ def variables_table() -> str:
 
 def quirks_table() -> str:
     """Every registered quirk, each id linking to its section of docs/quirks.md: README.md."""
-    lines = ["| id | what | bug in (verified on) | upstream |", "|---|---|---|---|"]
+    lines = ["| id | what | acts on (verified on) | upstream |", "|---|---|---|---|"]
     lines += [
         f"| [`{q.id}`](docs/quirks.md#{q.id}) | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in builtin_quirks()
     ]
@@ -139,6 +139,14 @@ def quirk_lines(quirk: Quirk) -> str:
     if quirk.fixed_by:
         line += f"; fixed upstream by <{quirk.fixed_by}>"
     line += "."
+    if quirk.affected is not None:  # AFFECTED: where the bug exists; outside it, nothing to fix
+        where = "" if quirk.affected == quirk.versions else f" The bug exists in `{quirk.affected}`."
+        line += f"{where} Other releases: not affected" + (f" ({quirk.not_affected})." if quirk.not_affected else ".")
+    if quirk.case:
+        line += (
+            f" Releases with the bug it does not reach: one warning, and {quirk.case} is named when it happens "
+            "(strict mode: an error then)."
+        )
     if quirk.settings:
         line += " **Settings:** " + ", ".join(f"[`{v.name}`](settings.md)" for v in quirk.settings)
     return line
