@@ -139,9 +139,10 @@ def quirk_lines(quirk: Quirk) -> str:
     if quirk.fixed_by:
         line += f"; fixed upstream by <{quirk.fixed_by}>"
     line += "."
-    if quirk.affected is not None:  # AFFECTED: where the bug exists; outside it, nothing to fix
-        where = "" if quirk.affected == quirk.versions else f" The bug exists in `{quirk.affected}`."
-        line += f"{where} Other releases: not affected" + (f" ({quirk.not_affected})." if quirk.not_affected else ".")
+    if quirk.affected is not None and quirk.affected != quirk.versions:  # AFFECTED: where the bug exists
+        line += f" The bug exists in `{quirk.affected}`."
+    if quirk.not_affected:  # outside AFFECTED: nothing to fix
+        line += f" Other releases: not affected ({quirk.not_affected})."
     if quirk.case:
         line += (
             f" Releases with the bug it does not reach: one warning, and {quirk.case} is named when it happens "

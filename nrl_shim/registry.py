@@ -322,13 +322,11 @@ class Quirk:
             Version(installed)
         except InvalidVersion:
             return reason  # _check's own words: it cannot tell
-        if self.affected is not None:
+        if self.affected is not None or self.case:
             from .libraries import find
 
-            reason = (
-                f"{find(self.library).describe()} has the bug ({self.affected}) but is outside the releases the fix "
-                f"reaches ({self.versions})"
-            )
+            has = f" has the bug ({self.affected}) but" if self.affected is not None else ""
+            reason = f"{find(self.library).describe()}{has} is outside the releases the fix reaches ({self.versions})"
         return reason
 
     def fixed_upstream(self) -> "str | None":

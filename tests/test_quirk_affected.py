@@ -161,7 +161,7 @@ def test_a_gap_with_a_case_warns_once_and_names_the_case_when_it_happens(active)
     activation._apply(quirk, entry_point)  # a reload: said once
     assert not hasattr(module, "patched")  # the fix itself does not act
     assert ("test-affected", "case_target") in activation._State.patched  # its hook does (deactivate removes it)
-    gap = f"packaging {INSTALLED} is outside the supported range {ABOVE}"
+    gap = f"packaging {INSTALLED} is outside the releases the fix reaches ({ABOVE})"
     assert warnings(active) == [
         f"[test-affected] fix skipped: {gap}; {CASE} is named when it happens (strict mode: an error then)"
     ]
