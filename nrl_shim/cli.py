@@ -243,10 +243,11 @@ def _print_doctor(report, strict=False):
             why = (
                 "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
             )
-            cases = _cases(report["quirks"])
+            cases, parts = _cases(report["quirks"]), _parts(report["quirks"])
             print(
                 f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}"
                 + (f"; named when its case happens (strict: an error then): {cases}" if cases else "")
+                + (f"; part missing: {parts}" if parts else "")
             )
         else:
             print(f"verdict: a part of a fix is missing here (exit 3, --strict): {_parts(report['quirks'])}")
