@@ -280,3 +280,26 @@ def test_the_built_in_vllm_fixes_on_the_old_releases(monkeypatch, version, distr
             activation._stop_if_any_fix_out_of_range(strict)
     else:
         activation._stop_if_any_fix_out_of_range(strict)  # strict mode starts a job on 0.9.1
+
+
+def test_a_case_hook_reads_the_argument_however_it_is_passed():
+    """vllm/_common.guard_call + argument_reader: what the vLLM fixes' case hooks are made of (a class made here)."""
+    from nrl_shim.quirks.vllm._common import argument_reader, guard_call, unguard_call
+
+    class Engine:
+        def add(self, request_id, params, lora_request=None):
+            return request_id
+
+    seen = []
+    read = argument_reader(Engine.add, "lora_request")
+    assert argument_reader(Engine.add, "no_such_parameter") is None and argument_reader(None, "x") is None
+    assert guard_call(Engine, "add", "test-affected", lambda args, kwargs: seen.append(read(args, kwargs)))
+    engine = Engine()
+    assert engine.add("a", None, "adapter-1") == "a"
+    engine.add("b", None, lora_request="adapter-2")
+    engine.add("c", None)
+    assert seen == ["adapter-1", "adapter-2", None]
+    assert not guard_call(Engine, "missing", "test-affected", print)  # nothing to wrap on this release
+    unguard_call(Engine, "add", "test-affected")
+    engine.add("d", None, "adapter-3")
+    assert seen == ["adapter-1", "adapter-2", None]
