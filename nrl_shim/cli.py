@@ -9,6 +9,7 @@ passes;
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -186,7 +187,10 @@ def doctor(as_json=False, strict=False):
     except ShimError as err:
         settings = None
         report["settings_error"] = str(err)
-    report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
+    # Doctor imports the modules fixes touch; vLLM configures its logging to stdout at import (0.9.1: "Automatically
+    # detected platform cpu."): bound to stderr here, so stdout holds doctor's own output (--json: one JSON document).
+    with contextlib.redirect_stdout(sys.stderr):
+        report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
     if report["settings_error"] is not None or not report["env_activation"]["working"]:
         status = EXIT_UNUSABLE
     elif strict and any(q["status"] in STRICT_FAILS for q in report["quirks"]):

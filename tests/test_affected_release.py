@@ -155,7 +155,7 @@ def lora_model(tmp_path_factory):
     from tiny_models import write_lora_adapter, write_model
 
     root = tmp_path_factory.mktemp("affected-lora")
-    model = write_model(root / "model", "llama", seed=0)
+    model = write_model(root / "model", "llama", seed=0, tokenizer=True)  # an engine with LoRA loads a tokenizer
     return model, write_lora_adapter(root / "adapter", model, seed=1)
 
 
