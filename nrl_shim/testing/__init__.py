@@ -214,8 +214,9 @@ class QuirkContract:
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
-    """The plugin's one hook: each QuirkContract test runs once per listed quirk module, named by the module."""
+    """The plugin's one hook: each QuirkContract test runs once per listed quirk module, named by the module (the
+    built-in ones by their path under nrl_shim.quirks, library first: `-k sglang` selects SGLang's)."""
     cls = metafunc.cls
     if cls is not None and issubclass(cls, QuirkContract) and "quirk_module" in metafunc.fixturenames:
         modules = list(cls.quirk_modules)
-        metafunc.parametrize("quirk_module", modules, ids=[m.rpartition(".")[2] for m in modules])
+        metafunc.parametrize("quirk_module", modules, ids=[m.removeprefix("nrl_shim.quirks.") for m in modules])

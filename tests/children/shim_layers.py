@@ -6,12 +6,6 @@ Imports nothing at module level, so importing it changes no import order a child
 
 def layers(obj, quirk_id="ray-propagate-env"):
     """How many enabled layers of quirk_id wrap obj, walking the whole wrapper chain."""
-    from nrl_shim.patching import _Layer
+    from nrl_shim import patching
 
-    n = 0
-    while obj is not None:
-        layer = getattr(obj, "_self_wrapper", None)
-        if isinstance(layer, _Layer) and layer.quirk_id == quirk_id and layer.enabled:
-            n += 1
-        obj = getattr(obj, "__wrapped__", None)
-    return n
+    return sum(layer.quirk_id == quirk_id and layer.enabled for layer in patching.layers(obj))

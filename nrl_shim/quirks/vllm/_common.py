@@ -123,6 +123,19 @@ def unwrap_engine_config(module, quirk_id):
     unwrap(module.EngineArgs, "create_engine_config", quirk_id)
 
 
+def engine_config_handlers(quirk_id, fix):
+    """(patch, unpatch) for `vllm.engine.arg_utils` in a fix's TARGETS mapping: fix(engine_args, settings) runs
+    before every EngineArgs.create_engine_config() (wrap_engine_config)."""
+
+    def patch(module, settings):
+        wrap_engine_config(module, quirk_id, fix, settings)
+
+    def unpatch(module):
+        unwrap_engine_config(module, quirk_id)
+
+    return patch, unpatch
+
+
 def use_cpu_platform_if_no_device():
     """Let the real EngineArgs.create_engine_config() run on a machine without an accelerator.
 

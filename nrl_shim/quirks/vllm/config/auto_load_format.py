@@ -10,6 +10,7 @@ Applied in EngineArgs.create_engine_config(), as the Gemma fix.
 """
 
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
+from nrl_shim.quirks.vllm._common import engine_config_handlers
 from nrl_shim.settings import Variable, parse_words
 
 ID = "vllm-auto-load-format"
@@ -27,7 +28,7 @@ REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.create_engine_config",
     "vllm.engine.arg_utils:EngineArgs.load_format",
 )
-TARGETS = ("vllm.engine.arg_utils",)
+ARG_UTILS = "vllm.engine.arg_utils"
 EXPLAIN_FIELDS = ("load_config.load_format",)
 SETTINGS = (
     Variable(
@@ -80,16 +81,8 @@ def fix_engine_args(engine_args, settings):
     report.changed(ID, f"vllm load_format for {model_type} model {model!r}", load_format_text(load_format), "auto", why)
 
 
-def patch(module, settings):
-    from nrl_shim.quirks.vllm._common import wrap_engine_config
-
-    wrap_engine_config(module, ID, fix_engine_args, settings)
-
-
-def unpatch(module):
-    from nrl_shim.quirks.vllm._common import unwrap_engine_config
-
-    unwrap_engine_config(module, ID)
+# fix_engine_args before every EngineArgs.create_engine_config() (vllm/_common.py)
+TARGETS = {ARG_UTILS: engine_config_handlers(ID, fix_engine_args)}
 
 
 def describe(settings, version):

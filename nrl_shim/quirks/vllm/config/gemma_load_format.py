@@ -7,6 +7,7 @@ every release; so do we by default. Applied in EngineArgs.create_engine_config()
 """
 
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
+from nrl_shim.quirks.vllm._common import engine_config_handlers
 from nrl_shim.settings import Variable, choice
 
 ID = "vllm-gemma-load-format"
@@ -18,7 +19,7 @@ REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.create_engine_config",
     "vllm.engine.arg_utils:EngineArgs.load_format",
 )
-TARGETS = ("vllm.engine.arg_utils",)
+ARG_UTILS = "vllm.engine.arg_utils"
 MODES = ("always", "affected", "off")
 EXPLAIN_FIELDS = ("load_config.load_format",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 SETTINGS = (
@@ -87,16 +88,8 @@ def fix_engine_args(engine_args, settings):
     )
 
 
-def patch(module, settings):
-    from nrl_shim.quirks.vllm._common import wrap_engine_config
-
-    wrap_engine_config(module, ID, fix_engine_args, settings)
-
-
-def unpatch(module):
-    from nrl_shim.quirks.vllm._common import unwrap_engine_config
-
-    unwrap_engine_config(module, ID)
+# fix_engine_args before every EngineArgs.create_engine_config() (vllm/_common.py)
+TARGETS = {ARG_UTILS: engine_config_handlers(ID, fix_engine_args)}
 
 
 def idle(settings, version):

@@ -21,6 +21,7 @@ Left out: DP ranks inside one deployment on vLLM <= 0.29 (one engine config: the
 
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
+from nrl_shim.quirks.vllm._common import engine_config_handlers
 
 ID = "vllm-replica-seed"
 SUMMARY = (
@@ -41,22 +42,10 @@ REQUIRES = (
 EXPLAIN_FIELDS = ("model_config.seed",)  # for `nrl-shim explain`
 
 
-def _patch_engine_config(module, settings):
-    from nrl_shim.quirks.vllm._common import wrap_engine_config
-
-    wrap_engine_config(module, ID, _before_engine_config, settings)
-
-
-def _unpatch_engine_config(module):
-    from nrl_shim.quirks.vllm._common import unwrap_engine_config
-
-    unwrap_engine_config(module, ID)
-
-
 # Whether the caller chose the seed: vllm._engine_args tracks EngineArgs' explicit fields (LLM(...) and vLLM's argument
 # parser included); the seed is drawn in create_engine_config.
 TARGETS = engine_args_tracker.targets(
-    ID, {engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config)}
+    ID, {engine_args_tracker.ARG_UTILS: engine_config_handlers(ID, lambda engine_args, settings: _before(engine_args))}
 )
 
 
@@ -78,7 +67,7 @@ def describe(settings, version):
     )
 
 
-def _before_engine_config(engine_args, settings):
+def _before(engine_args):
     if engine_args is not None:
         try:
             _replica_seed(engine_args)

@@ -21,6 +21,7 @@ of all three in NRL_SHIM_DISABLE).
 
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
+from nrl_shim.quirks.vllm._common import engine_config_handlers
 from nrl_shim.settings import Variable, choice
 
 ID = "vllm-sampling-defaults"
@@ -65,8 +66,6 @@ SAMPLING_FIELDS = (
 
 
 def _patch_engine_config(module, settings):
-    from nrl_shim.quirks.vllm._common import wrap_engine_config
-
     if settings.sampling_defaults != "rl":
         from nrl_shim import report
 
@@ -74,17 +73,14 @@ def _patch_engine_config(module, settings):
             ID, "vLLM's sampling defaults", "NRL_SHIM_SAMPLING_DEFAULTS=serving: vLLM's serving defaults kept"
         )
         return
-    wrap_engine_config(module, ID, _before_engine_config, settings)
+    _wrap_engine_config(module, settings)
 
 
-def _unpatch_engine_config(module):
-    from nrl_shim.quirks.vllm._common import unwrap_engine_config
-
-    unwrap_engine_config(module, ID)
-
-
+_wrap_engine_config, _unwrap_engine_config = engine_config_handlers(
+    ID, lambda engine_args, settings: _before_engine_config(engine_args, settings)
+)
 TARGETS = engine_args_tracker.targets(
-    ID, {engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config)}
+    ID, {engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unwrap_engine_config)}
 )
 
 

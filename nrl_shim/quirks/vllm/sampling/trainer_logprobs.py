@@ -79,7 +79,6 @@ SETTINGS = (
 # read in 0.27.1, 0.29.0, 0.32.0, 0.33.0; the default on GPUs with Triton in 0.32/0.33): where the returned logprobs
 # are computed, in the engine core.
 V1_SAMPLER, V2_SAMPLER = "vllm.v1.sample.sampler", "vllm.v1.worker.gpu.sample.sampler"
-SAMPLER_MODULES = (V1_SAMPLER, V2_SAMPLER)
 # On the engine's ModelConfig (pickled with it into the engine core): what the shim decided about its logprobs there.
 # "full": the sampler returns log_softmax(logits / T); "warn": the caller asked for processed_logprobs itself while
 # its trainer may compute full-vocabulary logprobs: warn when a request truncates. Absent: leave the sampler alone.
@@ -126,15 +125,37 @@ def _unpatch_engine_config(module):
     unwrap_engine_config(module, ID)
 
 
-def _patch_sampler_module(module, settings):
+def _patch_v1_sampler(module, settings):
     from nrl_shim.patching import wrap
 
     _LOGPROBS_SETTING[0] = settings.logprobs
-    if not _serving(settings):
-        _patch_sampler(module, wrap)
+    sampler = getattr(module, "Sampler", None)
+    if _serving(settings) or not isinstance(sampler, type):
+        return
+    if all(name in vars(sampler) for name in ("__init__", "forward", "compute_logprobs")):
+        wrap(sampler, "__init__", _sampler_init_wrapper, ID)
+        wrap(sampler, "forward", _v1_forward_wrapper, ID)
+        wrap(sampler, "compute_logprobs", _v1_compute_logprobs_wrapper, ID)
 
 
-def _unpatch_sampler_module(module):
+def _patch_v2_sampler(module, settings):
+    from nrl_shim.patching import wrap
+
+    _LOGPROBS_SETTING[0] = settings.logprobs
+    sampler = getattr(module, "Sampler", None)
+    if _serving(settings) or not isinstance(sampler, type):
+        return
+    if (
+        "__init__" in vars(sampler)
+        and "__call__" in vars(sampler)
+        and callable(getattr(module, "compute_topk_scores", None))
+    ):
+        wrap(sampler, "__init__", _sampler_init_wrapper, ID)
+        wrap(sampler, "__call__", _v2_call_wrapper, ID)
+        wrap(module, "compute_topk_scores", _v2_topk_scores_wrapper, ID)
+
+
+def _unpatch_sampler(module):
     from nrl_shim.patching import unwrap
 
     sampler = getattr(module, "Sampler", None)
@@ -150,7 +171,8 @@ TARGETS = engine_args_tracker.targets(
     ID,
     {
         engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config),
-        **dict.fromkeys(SAMPLER_MODULES, (_patch_sampler_module, _unpatch_sampler_module)),
+        V1_SAMPLER: (_patch_v1_sampler, _unpatch_sampler),
+        V2_SAMPLER: (_patch_v2_sampler, _unpatch_sampler),
     },
 )
 
@@ -334,22 +356,6 @@ def _logprobs_mode(engine_args, explicit):
 
 # The temperatures of the batch being sampled (a [rows] tensor, or 1.0), while a "full" sampler runs.
 _TEMPERATURE: "contextvars.ContextVar[Any]" = contextvars.ContextVar("nrl_shim_logprobs_temperature", default=None)
-
-
-def _patch_sampler(module, wrap):
-    sampler = getattr(module, "Sampler", None)
-    if not isinstance(sampler, type) or "__init__" not in vars(sampler):
-        return
-    if module.__name__ == V1_SAMPLER:
-        if not all(name in vars(sampler) for name in ("forward", "compute_logprobs")):
-            return
-        wrap(sampler, "__init__", _sampler_init_wrapper, ID)
-        wrap(sampler, "forward", _v1_forward_wrapper, ID)
-        wrap(sampler, "compute_logprobs", _v1_compute_logprobs_wrapper, ID)
-    elif "__call__" in vars(sampler) and callable(getattr(module, "compute_topk_scores", None)):
-        wrap(sampler, "__init__", _sampler_init_wrapper, ID)
-        wrap(sampler, "__call__", _v2_call_wrapper, ID)
-        wrap(module, "compute_topk_scores", _v2_topk_scores_wrapper, ID)
 
 
 def _engine_mark():

@@ -1,0 +1,255 @@
+"""Stale radix cache after a weight update: no request that starts after an update reuses KV computed before it.
+
+SGLang's radix cache keys KV by token content (and the request's `extra_key`). A weight update flushes it only when
+the caller asks (`flush_cache=True`) and only when nothing runs or waits: NeMo RL and slime send each bucket with
+`flush_cache=False` and flush after the last (a flush they retry, or call once); with a pause held in place (slime's,
+verl's) the flush is refused after the weights changed (0.5.22+: the update returns success=False; up to 0.5.21 the
+scheduler asserts and the server dies: sglang#12099, #14062, AReaL#140). Either way the next request sharing a cached
+prefix (a GRPO group's prompt, a system prompt, a prompt repeated across steps) is served KV of the old weights:
+measured 299 of 300 prompt tokens, logprob gap 9.6 to the new weights, no error.
+
+How (in each scheduler process: TP and DP ranks each own a radix cache and see every update):
+- A weight version per process, counted by the scheduler's update handlers (from tensor, distributed, disk, IPC;
+  each call, failed ones too: a failed update may have written some tensors).
+- The version goes in front of each request's `extra_key` (SGLang's own radix-key namespace, from 0.5.12; a LoRA id
+  and an elastic namespace stay at its end), so KV of one version is never matched by a request of another:
+  requests created after an update, and those still waiting for their first prefill (holding no KV slot), take the
+  new version; requests running at the update keep theirs and finish (their later tokens attend to KV of the old
+  weights, as after SGLang's own update; what they insert stays under the old version). Requests after the update
+  share the new prefix at once: no waiting for idle, no flush needed. KV of old versions is never matched again and
+  is evicted like any unused prefix. Before the first update nothing changes (no version in the key).
+- A flush after an update that SGLang refuses because requests run or wait: the update no longer fails for it (no
+  assert; `success` stays what the weight load said, its message says the cache was kept and why that is safe).
+  A flush the caller asks for by itself (`/flush_cache`, `Engine.flush_cache()`) is left as it is.
+Not covered: KV stores that key by tokens only, not extra_key (read in the wheels: LMCache up to 0.5.20, FlexKV,
+HiCache's storage tier up to 0.5.19, the experimental C++ tree up to 0.5.20): flush those after an update. A storage
+tier that does use extra_key (HiCache 0.5.20+) shared by several engines is namespaced per engine's update count:
+engines updated alike share it (the RL case: every engine gets every update).
+"""
+
+from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    from typing import Any
+
+ID = "sglang-radix-cache-refit"
+SUMMARY = "After a weight update, no SGLang request that starts later reuses KV of the old weights (flush or not)"
+LINK = "https://github.com/sgl-project/sglang/issues/12099"
+LIBRARY = "sglang"
+# What the fix calls, read in every wheel 0.5.12 -> 0.5.23 (RadixKey's extra_key, Req.extra_key built from it, the
+# update handlers and flush_cache_after_weight_update: in the scheduler's mixin up to 0.5.12.post1, in
+# SchedulerWeightUpdaterManager from 0.5.13; both are targets, one exists per release) and run on real engines:
+# 0.5.12.post1 (NeMo RL's pin) and 0.5.23. 0.5.10.post1/0.5.11 have extra_key but no flush_cache_after_weight_update:
+# not declared yet (not run).
+VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+_BATCH = "sglang.srt.managers.schedule_batch"
+_MIXIN = "sglang.srt.managers.scheduler_update_weights_mixin"  # up to 0.5.12.post1
+_MANAGER = "sglang.srt.managers.scheduler_components.weight_updater"  # 0.5.13+
+_UPDATES = (
+    "update_weights_from_tensor",
+    "update_weights_from_distributed",
+    "update_weights_from_disk",
+    "update_weights_from_ipc",
+)
+REQUIRES = (
+    f"{_BATCH}:Req.__init__",
+    f"{_BATCH}:Req.finished",
+    *(f"{_MIXIN}:SchedulerUpdateWeightsMixin.{name}(recv_req)" for name in _UPDATES),
+    f"{_MIXIN}:SchedulerUpdateWeightsMixin.flush_cache_after_weight_update(recv_req)",
+    *(f"{_MANAGER}:SchedulerWeightUpdaterManager.{name}(recv_req)" for name in _UPDATES),
+    f"{_MANAGER}:SchedulerWeightUpdaterManager.flush_cache_after_weight_update(recv_req)",
+)
+
+WHAT = "SGLang radix cache after a weight update"
+_KEPT = (
+    "cache not flushed: requests running or waiting; nrl-shim keeps the old weights' KV out of every request that "
+    "starts after this update"
+)
+_TAG = "nrl-shim-weights-"  # extra_key = f"{_TAG}{version}" or f"{_TAG}{version}|{the request's own extra_key}"
+# This process's weight version (one scheduler per process) and its live requests (to re-key those still waiting).
+_STATE = {"version": 0}
+_LIVE: "Any" = None  # WeakSet of this process's Req objects, created on first use
+_SAID: set = set()
+
+
+def patch_batch(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.Req, "__init__", _req_init_wrapper, ID)
+
+
+def unpatch_batch(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Req, "__init__", ID)
+    for req in list(_LIVE or ()):  # requests in flight keep serving: their own key back
+        req.extra_key = base_key(req.extra_key)
+    _STATE["version"] = 0
+
+
+def _patch_updates(owner):
+    from nrl_shim.patching import wrap
+
+    for name in _UPDATES:
+        if hasattr(owner, name):
+            wrap(owner, name, _update_wrapper, ID)
+    wrap(owner, "flush_cache_after_weight_update", _flush_after_update_wrapper, ID)
+
+
+def _unpatch_updates(owner):
+    from nrl_shim.patching import unwrap
+
+    for name in (*_UPDATES, "flush_cache_after_weight_update"):
+        if hasattr(owner, name):
+            unwrap(owner, name, ID)
+
+
+TARGETS = {
+    _BATCH: (patch_batch, unpatch_batch),
+    _MIXIN: (
+        lambda module, settings: _patch_updates(module.SchedulerUpdateWeightsMixin),
+        lambda module: _unpatch_updates(module.SchedulerUpdateWeightsMixin),
+    ),
+    _MANAGER: (
+        lambda module, settings: _patch_updates(module.SchedulerWeightUpdaterManager),
+        lambda module: _unpatch_updates(module.SchedulerWeightUpdaterManager),
+    ),
+}
+
+
+def describe(settings, version):
+    return (
+        "after a weight update (tensor, distributed, disk, IPC; flushed or not): requests that start later never "
+        "match KV of the old weights (weight version in the radix key); running requests keep theirs; a refused "
+        "flush no longer fails the update"
+    )
+
+
+# --- the key ---
+
+
+def versioned_key(key, version):
+    """`key` (a request's extra_key, None or a str) in weight version `version`'s namespace; version 0 is SGLang's own
+    key (nothing before the first update)."""
+    key = base_key(key)
+    if version == 0:
+        return key
+    return f"{_TAG}{version}" if key is None else f"{_TAG}{version}|{key}"
+
+
+def base_key(key):
+    """The request's own extra_key, without the version this fix put in front of it."""
+    if not isinstance(key, str) or not key.startswith(_TAG):
+        return key
+    head, bar, rest = key.partition("|")
+    return rest if bar else None
+
+
+def _req_init_wrapper(wrapped, instance, args, kwargs):
+    global _LIVE
+    wrapped(*args, **kwargs)
+    try:
+        if _LIVE is None:
+            import weakref
+
+            _LIVE = weakref.WeakSet()
+        _LIVE.add(instance)
+        if _STATE["version"]:
+            instance.extra_key = versioned_key(getattr(instance, "extra_key", None), _STATE["version"])
+    except Exception as error:  # never break a request over this
+        from nrl_shim import report
+
+        report.logger().debug("[%s] request not keyed: %r", ID, error)
+
+
+_NO_SLOT = object()
+
+
+def _holds_kv(req):
+    """Whether the request holds a KV slot (started its prefill, maybe only a chunk): `req.req_pool_idx` up to 0.5.18,
+    `req.kv.req_pool_idx` from 0.5.16 (both there in between). Neither found: treated as holding (its key stays, as
+    for a running request)."""
+    slots = (getattr(req, "req_pool_idx", _NO_SLOT), getattr(getattr(req, "kv", None), "req_pool_idx", _NO_SLOT))
+    if all(slot is _NO_SLOT for slot in slots):
+        return True
+    return any(slot is not None and slot is not _NO_SLOT for slot in slots)
+
+
+# --- the update ---
+
+
+def _update_wrapper(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:  # before the scheduler takes its next request: a handler runs in the scheduler's loop
+        _new_version(wrapped.__name__)
+
+
+def _new_version(route):
+    from nrl_shim import report
+
+    _STATE["version"] += 1
+    version = _STATE["version"]
+    rekeyed = kept = 0
+    for req in list(_LIVE or ()):
+        try:
+            if req.finished():
+                continue
+            if _holds_kv(req):
+                kept += 1
+            else:
+                req.extra_key = versioned_key(req.extra_key, version)
+                rekeyed += 1
+        except Exception as error:  # a request of another shape: leave it
+            report.logger().debug("[%s] request not re-keyed: %r", ID, error)
+    report.first_at_info(
+        _SAID,
+        "update",
+        ID,
+        "info",
+        "[%s] %s: weights changed (%s), weight version %d: requests that start from now on (%d waiting) never match "
+        "radix-cache KV of earlier weights; %d running keep theirs; not covered: KV stores keyed by tokens only "
+        "(LMCache <=0.5.20, FlexKV, HiCache storage <=0.5.19, the experimental C++ tree) (%s)",
+        ID,
+        WHAT,
+        route,
+        version,
+        rekeyed,
+        kept,
+        LINK,
+    )
+
+
+def _flush_after_update_wrapper(wrapped, instance, args, kwargs):
+    """SGLang's flush after an update, minus its failure: the flush is tried as SGLang would; refused (requests run or
+    wait), the update goes on as if it had flushed (the version keeps the old KV out of every later request)."""
+    import copy
+
+    recv_req = args[0] if args else kwargs.get("recv_req")
+    if not getattr(recv_req, "flush_cache", False):
+        return wrapped(*args, **kwargs)
+    flushed = instance.flush_cache(empty_cache=getattr(recv_req, "torch_empty_cache", True))
+    unflushed = copy.copy(recv_req)
+    unflushed.flush_cache = False  # SGLang's own routine, without its second flush (and its assert or failure)
+    result = wrapped(unflushed, *args[1:], **kwargs) if args else wrapped(**{**kwargs, "recv_req": unflushed})
+    if not flushed:
+        from nrl_shim import report
+
+        if isinstance(result, tuple) and len(result) == 2:  # 0.5.22+: (success, message) of the update call
+            result = (result[0], f"{result[1]} ({_KEPT})")
+
+        report.first_at_info(
+            _SAID,
+            "refused",
+            ID,
+            "changed",
+            "[%s] %s: flush after the update refused by SGLang (requests running or waiting): update kept as "
+            "succeeded, not failed/asserted; the old weights' KV stays cached under weight version %d, never matched "
+            "by a request that starts after the update (%s)",
+            ID,
+            WHAT,
+            _STATE["version"],
+            LINK,
+        )
+    return result

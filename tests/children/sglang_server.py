@@ -1,0 +1,214 @@
+"""One real SGLang HTTP server (`python -m sglang.launch_server`, CPU) serving a list of cases in order, for the SGLang
+fixes' tests (tests/sglang_runs.py): `python sglang_server.py RUN.json`, RUN = {"model_path": dir, "args": [extra
+launch_server options], "cases": [...]}. Started with the environment this program got (tests/sglang_cpu on PYTHONPATH,
+SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM says), as a job starts it; stopped at the end (its process
+group, which this program started).
+
+Cases, each on the server as the cases before it left it (weights and radix cache included):
+- {"kind": "generate", "prompt": ids, "max_tokens": n}: native /generate, greedy: tokens, logprobs, cached tokens;
+- {"kind": "update_from_disk", "model_path": dir, "flush_cache": bool}: /update_weights_from_disk;
+- {"kind": "update_while_running", "model_path": dir, "requests": k, "prompt": ids, "max_tokens": n}: k requests
+  started, the generation paused in place once they run (slime's and verl's way), /update_weights_from_disk with
+  its flush (SGLang's default), generation continued, the k requests awaited;
+- {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts.
+Prints one JSON line: SGLang's version, start time, per case its result and time, the server's exit code if it died,
+and the server's log lines of the shim (`[<quirk id>]`).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+START_TIMEOUT_S = 900
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model_path, args, log_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), *args]
+        self.log = open(log_path, "w")
+        # Its own session: the server's scheduler and detokenizer processes are stopped with it (our group only).
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self):
+        started = time.monotonic()
+        while time.monotonic() - started < START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, OSError):
+                pass
+            waited = time.monotonic() - started
+            if int(waited) % 30 == 0:
+                print(f"waiting for the SGLang server ({waited:.0f} s)", file=sys.stderr, flush=True)
+            time.sleep(1)
+        raise RuntimeError(f"the server was not up after {START_TIMEOUT_S} s")
+
+    def post(self, path, body, timeout=600):
+        """(HTTP status, JSON body)."""
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            text = error.read()
+            try:
+                return error.code, json.loads(text)
+            except ValueError:
+                return error.code, text.decode(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def generate(server, case):
+    status, out = server.post(
+        "/generate",
+        {
+            "input_ids": case["prompt"],
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": case["max_tokens"], "ignore_eos": True},
+            "return_logprob": True,
+        },
+    )
+    if status != 200:
+        return {"status": status, "body": out}
+    meta = out["meta_info"]
+    entries = meta["output_token_logprobs"]  # (logprob, token id, text) per generated token
+    return {
+        "status": status,
+        "tokens": [int(entry[1]) for entry in entries],
+        "logprobs": [float(entry[0]) for entry in entries],
+        "cached": int(meta.get("cached_tokens") or 0),
+    }
+
+
+def update_from_disk(server, case):
+    status, out = server.post(
+        "/update_weights_from_disk", {"model_path": case["model_path"], "flush_cache": case["flush_cache"]}
+    )
+    return {"status": status, "body": out}
+
+
+def update_while_running(server, case):
+    results = [None] * case["requests"]
+
+    def one(index):
+        try:
+            results[index] = generate(server, {"prompt": case["prompt"], "max_tokens": case["max_tokens"]})
+        except Exception as error:  # the server died under it
+            results[index] = {"error": repr(error)}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(case["requests"])]
+    for thread in threads:
+        thread.start()
+    time.sleep(case.get("settle_s", 2))  # the requests are admitted and decoding (each runs ~10 s here)
+    pause = server.post("/pause_generation", {"mode": "in_place"})
+    try:
+        update = server.post("/update_weights_from_disk", {"model_path": case["model_path"]})
+    except Exception as error:
+        update = (None, repr(error))
+    try:
+        resume = server.post("/continue_generation", {})
+    except Exception as error:
+        resume = (None, repr(error))
+    for thread in threads:
+        thread.join(timeout=600)
+    finished = [r is not None and r.get("status") == 200 and len(r["tokens"]) == case["max_tokens"] for r in results]
+    return {
+        "pause": list(pause),
+        "update": {"status": update[0], "body": update[1]},
+        "continue": list(resume),
+        "finished": finished,
+    }
+
+
+def chat(server, case):
+    texts = []
+    for _ in range(case["n"]):
+        status, out = server.post("/v1/chat/completions", case["body"])
+        texts.append(out["choices"][0]["message"]["content"] if status == 200 else {"status": status, "body": out})
+    return {"texts": texts}
+
+
+CASES = {
+    "generate": generate,
+    "update_from_disk": update_from_disk,
+    "update_while_running": update_while_running,
+    "chat": chat,
+}
+
+
+def shim_lines(log_path):
+    with open(log_path, errors="replace") as f:
+        return [line.rstrip("\n") for line in f if "[sglang-" in line or "nrl_shim" in line]
+
+
+def main():
+    from importlib.metadata import version
+
+    with open(sys.argv[1]) as f:
+        run = json.load(f)
+    log_path = sys.argv[1] + ".server.log"
+    server = Server(run["model_path"], run.get("args", []), log_path)
+    results, died, start_s = [], None, None
+    try:
+        start_s = server.wait_ready()
+        for case in run["cases"]:
+            t0 = time.monotonic()
+            if server.proc.poll() is not None:
+                results.append({"result": {"error": "server not running"}, "seconds": 0.0})
+                continue
+            try:
+                result = CASES[case["kind"]](server, case)
+            except Exception as error:
+                result = {"error": repr(error)}
+            results.append({"result": result, "seconds": time.monotonic() - t0})
+    finally:
+        died = server.proc.poll()
+        server.stop()
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-4000:]
+    print(
+        json.dumps(
+            {
+                "sglang": version("sglang"),
+                "start_s": start_s,
+                "cases": results,
+                "died": died,
+                "shim_lines": shim_lines(log_path),
+                "log_tail": tail,
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

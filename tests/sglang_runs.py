@@ -1,0 +1,96 @@
+"""Shared real-SGLang runs of the SGLang fixes' tests (marker `sglang`, run without xdist): one HTTP server per shim
+setting per test run (tests/children/sglang_server.py), every case of every fix on it in one order, each fix's test
+module reading its cases' results. A server start costs 45-300 s here: one start, many cases.
+
+Checkpoints: A (tiny Llama, seed 0), B (seed 1) and C (seed 2), each with a generation_config.json that says `top_k: 1` (what
+sglang-sampling-defaults is about; native /generate does not read it, greedy cases are unaffected).
+"""
+
+import functools
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from conftest import child_path, run_case
+from sglang_helpers import ENGINE_KW, reference, sglang_env, write_llama
+
+PROMPT = [(i * 37) % 500 + 3 for i in range(300)]  # a long shared prefix, token ids of the tiny vocabulary
+MAX_TOKENS = 8
+RUNNING_PROMPT = [(i * 11) % 500 + 3 for i in range(100)]
+RUNNING_TOKENS = 900  # long enough to be running when the update comes (a few s of decode here)
+GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "top_k": 1}
+
+# Case names -> their index in the run: one order for every fix.
+ORDER = [
+    ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("update_b_no_flush", {"kind": "update_from_disk", "model_path": "B", "flush_cache": False}),
+    ("after_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("follower", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    (
+        "update_a_running",
+        {
+            "kind": "update_while_running",
+            "model_path": "C",  # not A: without the shim the radix cache still holds A's KV of the first request
+            "requests": 4,
+            "prompt": RUNNING_PROMPT,
+            "max_tokens": RUNNING_TOKENS,
+        },
+    ),
+    ("after_running_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
+
+def _server_args():
+    args = []
+    for key, value in ENGINE_KW.items():
+        option = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(option)
+        else:
+            args += [option, str(value)]
+    return [*args, "--max-total-tokens", "8192"]  # the 4 running requests (4 x 1000) next to the cached prompts
+
+
+@functools.cache
+def checkpoints():
+    root = Path(tempfile.mkdtemp(prefix="nrl-shim-sglang-"))
+    out = {}
+    for name, seed in (("A", 0), ("B", 1), ("C", 2)):
+        directory = write_llama(root / name, seed=seed)
+        (Path(directory) / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
+        out[name] = directory
+    return out
+
+
+@functools.cache
+def references():
+    """transformers' greedy continuation of PROMPT with each checkpoint's weights."""
+    return {name: reference(path, PROMPT, MAX_TOKENS) for name, path in checkpoints().items()}
+
+
+@functools.cache
+def server_run(shim: bool) -> dict:
+    """The server child's output with the shim on (NRL_SHIM=1) or off; results by case name."""
+    paths = checkpoints()
+    cases = []
+    for _name, case in ORDER:
+        case = dict(case)
+        if "model_path" in case:
+            case["model_path"] = paths[case["model_path"]]
+        cases.append(case)
+    root = Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-{'shim' if shim else 'plain'}-"))
+    out, _proc = run_case(
+        child_path("sglang_server"),
+        {"model_path": paths["A"], "args": _server_args(), "cases": cases},
+        root,
+        env=sglang_env({"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO"}),
+        timeout=1800,
+    )
+    results = {name: case["result"] for (name, _), case in zip(ORDER, out["cases"])}
+    print(
+        f"SGLang {out['sglang']} server ({'shim' if shim else 'no shim'}): up in {out['start_s']} s, died: "
+        f"{out['died']}; shim lines: {out['shim_lines']}",
+        file=sys.stderr,
+    )
+    return {**out, "results": results}
