@@ -203,7 +203,7 @@ QUIRKS = (
     (
         "nrl_shim.quirks.vllm.refit.lora_refit",
         "vllm-lora-refit",
-        ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core"),
+        ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core", "vllm.v1.engine.processor", "vllm.engine.llm_engine"),
         None,
         (),
     ),
@@ -233,6 +233,8 @@ QUIRKS = (
             "vllm.entrypoints.llm",
             "vllm.v1.sample.sampler",
             "vllm.v1.worker.gpu.sample.sampler",
+            "vllm.v1.engine.processor",
+            "vllm.engine.llm_engine",
         ),
         None,
         (

@@ -277,16 +277,39 @@ def _gated(
     the user's import failing. Returns (whether the step ran, what it returned)."""
     applies, version, reason = _gate(quirk)
     if not applies and version is None:
-        # The library the fix is about is absent (e.g. torch-only user, transformers fix): nothing to fix here.
+        # The library the fix is about is absent (e.g. torch-only user, transformers fix), has upstream's fix, or is a
+        # release without the bug (AFFECTED): nothing to fix here.
         if verb == "patch":  # said once, after the import: not again before it
-            _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
-        return False, None
-    if not applies:
-        _skip(quirk, reason)
+            if quirk.affected is not None and reason.startswith("not affected:"):
+                _report().unchanged(quirk.id, f"{quirk.library} release", reason)  # the job's report says so
+            else:
+                _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
         return False, None
     settings = _State.settings
+    if not applies:
+        if not quirk.case:
+            _skip(quirk, reason)
+            return False, None
+        # The bug is here and the fix cannot reach it: named once now, and at the case itself (strict: an error then).
+        _report()
+        registry.note_gap(quirk, reason)
+        if verb != "patch" or settings is None:
+            return False, None
+        try:
+            guarded = quirk.guard_case(module, settings)
+        except Exception as exc:  # never the user's import: the gap was named above
+            _report().warn_once(
+                quirk.id,
+                f"case hook {module.__name__}",
+                f"[{quirk.id}] {quirk.case} cannot be named when it happens: its hook on {module.__name__} failed: "
+                f"{type(exc).__name__}: {exc}",
+            )
+            return False, None
+        return guarded, None
     if settings is None:
         return False, None  # deactivated meanwhile
+    if verb == "patch" and not quirk.patches(module.__name__):
+        return False, None  # a CASE_TARGETS module only: its hook is for releases the fix does not reach
     unverified = _unverified(quirk)
     if unverified and verb == "patch":
         missing = quirk.missing(module)
@@ -366,14 +389,17 @@ def _setup(quirk: "Quirk", settings: "Settings") -> None:
 def _stop_if_any_fix_out_of_range(settings: "Settings") -> None:
     """Strict mode: a fix its installed library's version would skip stops the job here, at activation, with one line,
     in the first process that activates (its children have the same install). Left to the target's import, it would
-    end whichever process imports it first: inside vLLM's model-registry subprocess on 0.9.1, behind vLLM's own errors."""
+    end whichever process imports it first: inside vLLM's model-registry subprocess on 0.9.1, behind vLLM's own errors.
+    Not a release without the bug (outside AFFECTED: gate() says nothing to fix), nor a fix that names its CASE when
+    it happens (strict raises then: a job that never meets the case runs)."""
     from .errors import QuirkSkippedError
 
     out = []
     for quirk in registry.quirks():
         if settings.is_enabled(quirk.id):
             applies, installed, reason = quirk.gate()
-            if not applies and installed is not None:  # not installed at all: nothing to fix, never an error
+            # not installed, fixed upstream or not affected (installed None): nothing to fix, never an error
+            if not applies and installed is not None and not quirk.case:
                 out.append((quirk.id, reason))
     if out:
         skipped = "; ".join(f"[{quirk_id}] {reason}" for quirk_id, reason in out)

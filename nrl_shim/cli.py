@@ -2,12 +2,14 @@
 end), `report [DIR] [--json]` (what each fix did in every process of a job), `explain` (vLLM demo).
 
 Exit status: 0 success; 1 doctor found the shim unusable here (invalid settings, env activation broken); 2 bad command
-line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (version out of range, or what
-it needs missing) or a part of one is missing (PARTS);
+line or settings for `run`/`explain`; 3 `doctor --strict` and a fix would be skipped (a release with its bug that it
+cannot reach, or what it needs missing) or a part of one is missing (PARTS); a release without the bug (not affected)
+passes;
 `run` otherwise exits with the command's own status.
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -59,15 +61,19 @@ def _env_activation_status():
 # `unverified`: acts, on a release newer than those verified (its checks of what it touches passed); `skipped`: on such
 # a release, something it needs is missing; `out-of-range`: below the releases it supports (skipped); `fixed-upstream`:
 # the installed release has upstream's fix (nothing to do); `part-missing`: acts, but a part of it (PARTS) lacks a name
-# on this release, so the case that part covers is only named when it happens.
+# on this release, so the case that part covers is only named when it happens; `not-affected`: a release without the
+# bug (outside the fix's AFFECTED: nothing to do). `out-of-range` is a release with the bug the fix cannot reach; one
+# whose fix declares a CASE has "case" in its entry: that case is named when it happens (strict: an error then).
 APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
 UNVERIFIED, SKIPPED, FIXED_UPSTREAM, PART_MISSING = "unverified", "skipped", "fixed-upstream", "part-missing"
+NOT_AFFECTED = "not-affected"
 ACTS = (APPLIES, UNVERIFIED, PART_MISSING)
 SHOWN = {
     APPLIES: "acts, verified",
     UNVERIFIED: "acts, unverified",
     SKIPPED: "skipped",
     PART_MISSING: "acts, part missing",
+    NOT_AFFECTED: "not affected",
 }  # the rest as they are
 STRICT_FAILS = (OUT_OF_RANGE, SKIPPED, PART_MISSING)
 EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
@@ -89,8 +95,16 @@ def _quirk_entry(quirk, settings):
         return entry
     applies, version, reason = quirk.gate()
     if not applies:
-        state = (FIXED_UPSTREAM if quirk.fixed_upstream() else NOT_INSTALLED) if version is None else OUT_OF_RANGE
-        entry["status"], entry["reason"] = state, reason
+        if version is not None:
+            state = OUT_OF_RANGE
+            if quirk.case:
+                entry["case"] = quirk.case
+                reason += f"; {quirk.case} is named when it happens (strict mode: an error then)"
+        elif quirk.fixed_upstream():
+            state = FIXED_UPSTREAM
+        else:
+            state = NOT_AFFECTED if quirk.unaffected() else NOT_INSTALLED
+        entry["status"], entry["reason"] = state, reason.removeprefix("not affected: ")  # the state says it
         return entry
     unverified = quirk.unverified()
     if unverified:
@@ -173,7 +187,10 @@ def doctor(as_json=False, strict=False):
     except ShimError as err:
         settings = None
         report["settings_error"] = str(err)
-    report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
+    # Doctor imports the modules fixes touch; vLLM configures its logging to stdout at import (0.9.1: "Automatically
+    # detected platform cpu."): bound to stderr here, so stdout holds doctor's own output (--json: one JSON document).
+    with contextlib.redirect_stdout(sys.stderr):
+        report["quirks"] = [_quirk_entry(quirk, settings) for quirk in registry.quirks()]
     if report["settings_error"] is not None or not report["env_activation"]["working"]:
         status = EXIT_UNUSABLE
     elif strict and any(q["status"] in STRICT_FAILS for q in report["quirks"]):
@@ -230,11 +247,20 @@ def _print_doctor(report, strict=False):
             why = (
                 "for its version" if any(q["status"] == OUT_OF_RANGE for q in report["quirks"]) else "for what it lacks"
             )
-            print(f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}")
+            cases, parts = _cases(report["quirks"]), _parts(report["quirks"])
+            print(
+                f"verdict: a fix would be skipped {why} (exit 3, --strict); {_tally(report['quirks'])}"
+                + (f"; named when its case happens (strict: an error then): {cases}" if cases else "")
+                + (f"; part missing: {parts}" if parts else "")
+            )
         else:
             print(f"verdict: a part of a fix is missing here (exit 3, --strict): {_parts(report['quirks'])}")
     else:
-        old = [q["id"] for q in report["quirks"] if q["status"] == OUT_OF_RANGE]
+        old = [
+            q["id"] + (f" ({q['case']}: named when it happens)" if q.get("case") else "")
+            for q in report["quirks"]
+            if q["status"] == OUT_OF_RANGE
+        ]
         lacking = [q["id"] for q in report["quirks"] if q["status"] == SKIPPED]
         parts = _parts(report["quirks"])
         print(
@@ -244,6 +270,11 @@ def _print_doctor(report, strict=False):
             + (f"; part missing: {parts}" if parts else "")
             + (" (--strict makes that exit 3)" if old or lacking or parts else "")
         )
+
+
+def _cases(quirks):
+    """The fixes out of range whose case is named when it happens, e.g. "vllm-lora-refit (a LoRA adapter served)"."""
+    return ", ".join(f"{q['id']} ({q['case']})" for q in quirks if q["status"] == OUT_OF_RANGE and q.get("case"))
 
 
 def _parts(quirks):

@@ -70,7 +70,7 @@ def variables_table() -> str:
 
 def quirks_table() -> str:
     """Every registered quirk, each id linking to its section of docs/quirks.md: README.md."""
-    lines = ["| id | what | bug in (verified on) | upstream |", "|---|---|---|---|"]
+    lines = ["| id | what | acts on (verified on) | upstream |", "|---|---|---|---|"]
     lines += [
         f"| [`{q.id}`](docs/quirks.md#{q.id}) | {q.summary} | {_applies_to(q)} | <{q.link}> |" for q in builtin_quirks()
     ]
@@ -139,6 +139,15 @@ def quirk_lines(quirk: Quirk) -> str:
     if quirk.fixed_by:
         line += f"; fixed upstream by <{quirk.fixed_by}>"
     line += "."
+    if quirk.affected is not None and quirk.affected != quirk.versions:  # AFFECTED: where the bug exists
+        line += f" The bug exists in `{quirk.affected}`."
+    if quirk.not_affected:  # outside AFFECTED: nothing to fix
+        line += f" Other releases: not affected ({quirk.not_affected})."
+    if quirk.case:
+        line += (
+            f" Releases with the bug it does not reach: one warning, and {quirk.case} is named when it happens "
+            "(strict mode: an error then)."
+        )
     if quirk.settings:
         line += " **Settings:** " + ", ".join(f"[`{v.name}`](settings.md)" for v in quirk.settings)
     return line

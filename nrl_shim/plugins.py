@@ -223,7 +223,11 @@ def record(module: "ModuleType", ep_name: "str | None" = None) -> "Record":
         raise ValueError(f"the entry point is named {ep_name!r} but the module's ID is {quirk_id!r}")
     if not (isinstance(quirk_id, str) and module.LIBRARY and module.VERSIONS and module.LINK):
         raise ValueError("ID, LIBRARY, VERSIONS and LINK must all be set")
-    targets = tuple(module.TARGETS)  # a tuple of names, or {name: (patch, unpatch)}
+    # TARGETS: a tuple of names, or {name: (patch, unpatch)}; CASE_TARGETS' names are watched too (registry.py)
+    case_targets = dict(getattr(module, "CASE_TARGETS", {}))
+    if bool(case_targets) != bool(getattr(module, "CASE", None)):
+        raise ValueError("CASE and CASE_TARGETS go together: the case named, and the hooks that name it")
+    targets = tuple(dict.fromkeys((*module.TARGETS, *case_targets)))
     has_setup = hasattr(module, "setup")
     if not (targets or has_setup):
         raise ValueError("neither TARGETS nor setup(): it would do nothing")

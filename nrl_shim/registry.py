@@ -4,9 +4,26 @@ knows another.
 
 A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk API, the same for plugins):
     ID, SUMMARY, LINK       -- stable id (used by NRL_SHIM_DISABLE; the entry point's name), one line, upstream link
-    LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases where its bug exists
-                               and the fix can act: a lower bound; an upper bound only where upstream fixed the bug
-                               (then FIXED_BY). Below the range the fix is skipped with one warning (strict: an error)
+    LIBRARY, VERSIONS       -- distribution name and the `packaging` specifier of the releases the fix reaches (its
+                               bug exists there and what it touches is there): a lower bound; an upper bound only
+                               where upstream fixed the bug (then FIXED_BY). Outside the range: see AFFECTED
+    AFFECTED, NOT_AFFECTED  -- optional: the specifier of LIBRARY's releases where the bug exists, and one line saying
+                               why the others lack it (e.g. "radio.py, the model file with the bug, arrives in
+                               0.11.0"). Absent: the bug is taken to exist on every release. A release outside
+                               VERSIONS is then either
+                               - outside AFFECTED: `not-affected`, nothing to fix (no warning, strict passes; doctor
+                                 says "not affected: <why>", a job's report says so once at a target's import), or
+                               - in AFFECTED, where the fix cannot reach: the bug is there and unfixed. One WARNING
+                                 per process at a target's import names the gap. With CASE/CASE_TARGETS, strict mode
+                                 raises when that case happens, not at activation; without them strict mode stops the
+                                 job at activation (no way to tell whether the job meets the bug). `doctor --strict`
+                                 exits 3 naming each such gap ahead
+    CASE, CASE_TARGETS      -- optional, together: the case the fix covers, in a few words ("a LoRA adapter served"),
+                               and {module name: (patch, unpatch)} of hooks installed instead of the fix where the
+                               release is in AFFECTED but outside VERSIONS: at the release's own entry point of that
+                               case they ask registry.missing_part(ID, CASE) (the gap, recorded like a missing part,
+                               below) and name it then: a warning, in strict mode the fix's error. Their names join
+                               TARGETS in the index (patched only in that state)
     FIXED_BY                -- optional, with an upper bound in VERSIONS: the upstream change that fixed the bug (a PR
                                link). At or above that bound the fix is not applicable (nothing to fix: no warning)
     VERIFIED                -- optional: the releases it was verified on (tests, or the wheels' source read): a
@@ -94,11 +111,15 @@ _FROM_MODULE = frozenset(
         "verified",
         "requires",
         "parts",
+        "affected",
+        "not_affected",
+        "case",
         "check",
         "setup",
         "describe",
         "idle",
         "_handlers",
+        "_case_handlers",
     )
 )
 
@@ -125,18 +146,21 @@ class Quirk:
     verified: "dict[str, str]"  # distribution -> specifier of the releases verified (LIBRARY's and ALSO_REQUIRES')
     requires: "tuple[str, ...]"
     parts: "dict[str, tuple[str, ...]]"  # part -> the names only it relies on (PARTS)
+    affected: "str | None"  # AFFECTED: LIBRARY's releases where the bug exists (None: every release)
+    not_affected: "str | None"  # NOT_AFFECTED: why releases outside AFFECTED lack the bug
+    case: "str | None"  # CASE: the case the fix covers, named when it happens where the fix cannot reach
     check: "Callable[[ModuleType], str | None] | None"
     setup: "Callable[[Settings], None] | None"
     describe: "Callable[[Settings, str | None], str] | None"
     idle: "Callable[[Settings, str | None], str | None] | None"
     _handlers: "Handlers"
+    _case_handlers: "Handlers"  # CASE_TARGETS
 
     def __init__(self, module: "ModuleType") -> None:
         setup_argv = getattr(module, "SETUP_ARGV", "") if hasattr(module, "setup") else None
-        # TARGETS: a tuple of names, or {name: (patch, unpatch)} whose keys are the names.
-        self._declare(
-            module.__name__, module.ID, tuple(module.TARGETS), setup_argv, tuple(getattr(module, "SETTINGS", ()))
-        )
+        # TARGETS: a tuple of names, or {name: (patch, unpatch)} whose keys are the names; CASE_TARGETS' names join them.
+        targets = tuple(dict.fromkeys((*module.TARGETS, *getattr(module, "CASE_TARGETS", {}))))
+        self._declare(module.__name__, module.ID, targets, setup_argv, tuple(getattr(module, "SETTINGS", ())))
         self._load(module)
 
     @classmethod
@@ -189,11 +213,15 @@ class Quirk:
             ("verified", _verified(module)),
             ("requires", tuple(getattr(module, "REQUIRES", ()))),
             ("parts", {part: tuple(names) for part, names in dict(getattr(module, "PARTS", {})).items()}),
+            ("affected", getattr(module, "AFFECTED", None)),
+            ("not_affected", getattr(module, "NOT_AFFECTED", None)),
+            ("case", getattr(module, "CASE", None)),
             ("check", getattr(module, "check", None)),
             ("setup", getattr(module, "setup", None)),
             ("describe", getattr(module, "describe", None)),
             ("idle", getattr(module, "idle", None)),
             ("_handlers", handlers),
+            ("_case_handlers", dict(getattr(module, "CASE_TARGETS", {}))),
         ):
             declared.setdefault(name, value)
 
@@ -214,12 +242,30 @@ class Quirk:
         return f"<Quirk {self.id} from {self.module_name}>"
 
     def patch(self, module: "ModuleType", settings: "Settings") -> None:
+        handlers = self._handlers.get(module.__name__)
+        if handlers is None:
+            return  # a CASE_TARGETS module only: nothing of the fix there where it reaches
         if self.parts:  # before patch(): the fix's code may ask missing_part() while patching
             _note_parts(self, module)
-        self._handlers[module.__name__][0](module, settings)
+        handlers[0](module, settings)
+
+    def patches(self, name: str) -> bool:
+        """Whether the fix itself (TARGETS, not only CASE_TARGETS) patches module `name`."""
+        return name in self._handlers
+
+    def guard_case(self, module: "ModuleType", settings: "Settings") -> bool:
+        """Where the release has the bug but is outside VERSIONS: install the CASE_TARGETS hook for `module`; whether
+        it has one."""
+        handlers = self._case_handlers.get(module.__name__)
+        if handlers is None:
+            return False
+        handlers[0](module, settings)
+        return True
 
     def unpatch(self, module: "ModuleType") -> None:
-        self._handlers[module.__name__][1](module)
+        for handlers in (self._handlers, self._case_handlers):
+            if module.__name__ in handlers:
+                handlers[module.__name__][1](module)
 
     def gate(self) -> "tuple[bool, str | None, str]":
         """(applies, installed version of LIBRARY or None, reason); None when a required library is not installed
@@ -229,6 +275,11 @@ class Quirk:
         if fixed:
             return False, None, fixed
         applies, installed, reason = _check(self.library, self.versions)
+        if not applies and installed is not None:
+            unaffected = self.unaffected(installed)
+            if unaffected:
+                return False, None, unaffected
+            reason = self._gap(installed, reason)
         for library, versions in self.also_requires.items():
             if not applies:
                 break
@@ -237,6 +288,46 @@ class Quirk:
                 return False, installed if other is not None else None, why
             reason += f"; {why}"
         return applies, installed, reason
+
+    def unaffected(self, installed: "str | None" = None) -> "str | None":
+        """Why there is nothing to fix when LIBRARY's installed release is outside AFFECTED and outside VERSIONS
+        ("vllm 0.9.1 is outside the releases with the bug (>=0.11.0): radio.py ... arrives in 0.11.0"); else None."""
+        if self.affected is None:
+            return None
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        from .libraries import find
+
+        found = find(self.library)
+        installed = installed or found.version
+        if installed is None:
+            return None
+        try:
+            version = Version(installed)
+        except InvalidVersion:
+            return None
+        if SpecifierSet(self.versions).contains(version, prereleases=True):
+            return None
+        if SpecifierSet(self.affected).contains(version, prereleases=True):
+            return None
+        why = f": {self.not_affected}" if self.not_affected else ""
+        return f"not affected: {found.describe()} is outside the releases with the bug ({self.affected}){why}"
+
+    def _gap(self, installed: str, reason: str) -> str:
+        """gate()'s reason where the release has the bug (in AFFECTED, or no AFFECTED) but the fix cannot reach it."""
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            Version(installed)
+        except InvalidVersion:
+            return reason  # _check's own words: it cannot tell
+        if self.affected is not None or self.case:
+            from .libraries import find
+
+            has = f" has the bug ({self.affected}) but" if self.affected is not None else ""
+            reason = f"{find(self.library).describe()}{has} is outside the releases the fix reaches ({self.versions})"
+        return reason
 
     def fixed_upstream(self) -> "str | None":
         """Why there is nothing to fix when LIBRARY's release is at or past VERSIONS' upper bound and FIXED_BY names
@@ -320,10 +411,28 @@ def _note_parts(quirk: "Quirk", module: "ModuleType") -> None:
         )
 
 
+def note_gap(quirk: "Quirk", reason: str) -> None:
+    """A fix whose release has the bug but which cannot reach it, with a CASE: recorded as its part CASE missing
+    (missing_part(ID, CASE) says `reason` where the case happens) and named in one WARNING per process."""
+    assert quirk.case is not None
+    known = _MISSING_PARTS.setdefault((quirk.id, quirk.case), [])
+    if reason not in known:
+        known.append(reason)
+    from . import report
+
+    report.warn_once(
+        quirk.id,
+        "gap",
+        f"[{quirk.id}] fix skipped: {reason}; {quirk.case} is named when it happens (strict mode: an error then)",
+        kind="skipped",
+    )
+
+
 def missing_part(quirk_id: str, part: str) -> "str | None":
     """What part `part` (a key of its PARTS) of fix `quirk_id` lacks on this release, e.g.
     "vllm.model_executor.model_loader.reload.layerwise:_layerwise_process", as found when its target modules were
-    imported; None when nothing is (or none of them was imported yet). For the fix's own code where the case happens."""
+    imported; None when nothing is (or none of them was imported yet). For the fix's own code where the case happens.
+    For part CASE of a fix whose release has the bug but is outside VERSIONS (note_gap): why the fix does not reach."""
     names = _MISSING_PARTS.get((quirk_id, part))
     return ", ".join(names) if names else None
 

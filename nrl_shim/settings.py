@@ -154,8 +154,9 @@ CORE_VARIABLES = (
         parse_bool,
         False,
         "`1` / `0`",
-        "a fix that can't be applied (version out of range, target missing) is an error (`QuirkSkippedError`) "
-        "instead of one warning",
+        "a fix that can't be applied (a release with its bug it can't reach, target missing) is an error "
+        "(`QuirkSkippedError`) instead of one warning: at start-up, or, for a fix that names its case (a LoRA "
+        "adapter served), when that case happens; a release without the bug is never an error",
     ),
     Variable(
         "NRL_SHIM_LOG_LEVEL",

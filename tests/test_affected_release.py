@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from conftest import child_path, run_case, run_child
+from conftest import child_path, run_case
 from vllm_helpers import AFFECTED_RELEASE, reported_names
 
 pytestmark = AFFECTED_RELEASE
@@ -56,16 +56,20 @@ def logprob_gaps(out):
     return [abs(a - b) for got, ref in zip(out["logprobs"], out["reference_logprobs"]) for a, b in zip(got, ref)]
 
 
-# The prefix-cache fix acts on this release too (its own tests: test_vllm_prefix_cache_refit_0_9_1.py); the tests
-# here look at the lines of the fixes they are about.
+# The prefix-cache fix acts on this release too (its own tests: test_vllm_prefix_cache_refit_0_9_1.py), and two fixes
+# name once per process that they cannot reach this release, which has their bugs (the tests below that are about
+# them look at those lines); the other tests here look at the lines of the fixes they are about.
 PREFIX_CACHE = "[vllm-prefix-cache-refit] "
+GAPS = ("[vllm-lora-refit] fix skipped: ", "[vllm-trainer-logprobs] fix skipped: ")
 
 
-def shim_lines(out, level=None):
+def shim_lines(out, level=None, gaps=False):
     return [
         message
         for lvl, message in out["shim_log"]
-        if (level is None or lvl == level) and not message.startswith(PREFIX_CACHE)
+        if (level is None or lvl == level)
+        and not message.startswith(PREFIX_CACHE)
+        and (gaps or not message.startswith(GAPS))
     ]
 
 
@@ -123,34 +127,93 @@ def test_gemma_fix_off_the_refit_guard_names_the_normalizer_and_nothing_else(mod
     assert reported_names(warning) == ["model.normalizer"]
 
 
-def test_strict_mode_stops_the_job_once_at_start_for_fixes_out_of_range(models, tmp_path):
-    """A fix whose range starts after 0.9.1 (vllm-radio-layerscale): with NRL_SHIM_STRICT=1 the job's first process stops at activation with
-    the shim's one line, before vLLM starts (it used to end inside vLLM's model-registry subprocess, under vLLM's
-    "Error in inspecting model architecture" and a pydantic error)."""
+def test_strict_mode_starts_a_job_that_serves_no_lora(models, tmp_path):
+    """NRL_SHIM_STRICT=1 on 0.9.1: vllm-radio-layerscale is not affected (no radio.py), vllm-lora-refit and
+    vllm-trainer-logprobs name their case when it happens; a job that meets none of them runs as without strict mode
+    (it used to stop at activation: "fixes would be skipped for their version: [vllm-radio-layerscale] ...")."""
     env = {"NRL_SHIM": "1", "NRL_SHIM_STRICT": "1"}
-    spec = {"model": models["V1"], "dtype": "bfloat16", "prompts": PROMPTS, "max_tokens": MAX_TOKENS}
-    path = tmp_path / "strict.json"
-    path.write_text(json.dumps(spec))
-    proc = run_child("affected_engine", str(path), env=env, check=False, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("nrl-shim: error:")]
-    assert len(errors) == 1 and "fixes would be skipped for their version: [vllm-radio-layerscale]" in errors[0]
-    assert "NRL_SHIM_STRICT=1; to go on without them set NRL_SHIM_DISABLE=vllm-radio-layerscale)" in errors[0]
-    assert "Traceback" not in proc.stderr and "inspecting model architecture" not in proc.stderr
+    out, proc = run_engine(tmp_path, models["V1"], "V1", env, load_format="dummy")
+    assert "error" not in out, out["error"]
+    assert out["tokens"] == out["reference"]
+    assert "nrl-shim: error" not in proc.stderr
+    warnings = shim_lines(out, "WARNING", gaps=True)
+    assert sorted(m.partition(" fix skipped: ")[0] for m in warnings) == [g.split(" fix")[0] for g in GAPS], warnings
+    (lora,) = [m for m in warnings if m.startswith(GAPS[0])]
+    assert lora.endswith("a LoRA adapter served is named when it happens (strict mode: an error then)")
+    assert not [m for m in shim_lines(out) if m.startswith("[vllm-radio-layerscale]")]  # not affected: nothing said
 
 
 def test_strict_mode_fails_the_generation_with_refit_incomplete(models, tmp_path):
-    # Strict mode stops at start for the fixes out of range on this release (test above): disabled here, as a strict
-    # user on this release would, to see the refit guard's error.
-    env = {
-        "NRL_SHIM": "1",
-        "NRL_SHIM_GEMMA_LOAD_FORMAT": "off",
-        "NRL_SHIM_STRICT": "1",
-        "NRL_SHIM_DISABLE": "vllm-radio-layerscale",
-    }
+    env = {"NRL_SHIM": "1", "NRL_SHIM_GEMMA_LOAD_FORMAT": "off", "NRL_SHIM_STRICT": "1"}
     out, _ = run_engine(tmp_path, models["V1"], "V1", env, load_format="dummy")
     assert "tokens" not in out
     assert any(e.startswith("RefitIncompleteError") and "model.normalizer" in e for e in out["error"]), out["error"]
+
+
+@pytest.fixture(scope="module")
+def lora_model(tmp_path_factory):
+    from tiny_models import write_lora_adapter, write_model
+
+    root = tmp_path_factory.mktemp("affected-lora")
+    model = write_model(root / "model", "llama", seed=0, tokenizer=True)  # an engine with LoRA loads a tokenizer
+    return model, write_lora_adapter(root / "adapter", model, seed=1)
+
+
+def run_lora(tmp_path, lora_model, env):
+    model, adapter = lora_model
+    spec = {"model": model, "dtype": "bfloat16", "load_format": "auto", "api": "lora", "lora": adapter}
+    spec.update(prompts=PROMPTS, max_tokens=4)
+    return run_case(child_path("affected_engine"), spec, tmp_path, env, timeout=900, name="case-lora")
+
+
+LORA_CASE = "[vllm-lora-refit] a LoRA adapter served ('policy', id 1) on a release the fix does not reach: vllm 0.9.1"
+
+
+def test_a_lora_request_under_strict_mode_stops_with_the_error_naming_the_fix(lora_model, tmp_path):
+    out, _ = run_lora(tmp_path, lora_model, {"NRL_SHIM": "1", "NRL_SHIM_STRICT": "1"})
+    assert len(out["plain"]) == len(PROMPTS)  # the same engine served the requests without an adapter
+    assert out["error"][0].startswith(f"QuirkSkippedError: {LORA_CASE}"), out["error"]
+    assert "NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE=vllm-lora-refit" in out["error"][0]
+
+
+def test_a_lora_request_without_strict_mode_is_named_once_and_served(lora_model, tmp_path):
+    out, _ = run_lora(tmp_path, lora_model, {"NRL_SHIM": "1"})
+    assert "error" not in out, out["error"]
+    assert len(out["tokens"]) == len(PROMPTS)
+    named = [m for m in shim_lines(out, "WARNING") if m.startswith(LORA_CASE)]
+    assert len(named) == 1, shim_lines(out, "WARNING")  # once per process, not per request (and the gap at start-up)
+
+
+def test_doctor_states_on_0_9_1():
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    code = "import sys; from nrl_shim import cli; sys.exit(cli.main(['doctor', '--json', '--strict']))"
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env({}), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    states = {q["id"]: q for q in json.loads(proc.stdout)["quirks"]}
+    for quirk_id in (
+        "vllm-radio-layerscale",
+        "vllm-eagle3-own-lm-head",
+        "vllm-strict-tool-calling",
+        "vllm-openai-namespace-tool",
+        "vllm-ray-tcpstore-port",
+        "vllm-cpu-refit",
+    ):
+        assert states[quirk_id]["status"] == "not-affected", states[quirk_id]
+    assert states["vllm-radio-layerscale"]["reason"].endswith(
+        "radio.py (vLLM's RADIO encoder, where the bug is) arrives in vLLM 0.11.0"
+    )
+    for quirk_id, case in (
+        ("vllm-lora-refit", "a LoRA adapter served"),
+        ("vllm-trainer-logprobs", "a request whose logprobs vLLM computes otherwise than the trainer"),
+    ):
+        assert (states[quirk_id]["status"], states[quirk_id]["case"]) == ("out-of-range", case), states[quirk_id]
+        assert "has the bug" not in states[quirk_id]["reason"]  # no AFFECTED: the bug is on every release
+    out_of_range = sorted(q for q, entry in states.items() if entry["status"] == "out-of-range")
+    assert out_of_range == ["vllm-lora-refit", "vllm-trainer-logprobs"]
 
 
 def test_nrl_vllm_use_v1_0_gives_a_working_v0_engine(models, tmp_path):

