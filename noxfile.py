@@ -548,7 +548,9 @@ SGLANG_CONTRACT = ["tests/test_quirk_contract.py", "-k", "sglang"]
 
 
 def _sglang_tests(session: nox.Session, marker: str) -> None:
-    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", *SGLANG_CONTRACT, env=TEST_ENV)
+    # The contract's child interpreters import SGLang: they need the CPU harness (tests/sglang_cpu/README.md) too.
+    harness = {"PYTHONPATH": os.path.join(os.getcwd(), "tests", "sglang_cpu"), "SGLANG_USE_CPU_ENGINE": "1"}
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", *SGLANG_CONTRACT, env={**TEST_ENV, **harness})
     session.run(
         "python", "-m", "pytest", *(session.posargs or ["-q", "-p", "no:xdist", "-m", marker, "tests"]), env=TEST_ENV
     )
