@@ -6,7 +6,8 @@ GRPO-like steps (a group of 8 concurrent requests sharing a 300-token prompt), a
 - `no refit`: no shim, no update (the ceiling: the prompt stays cached across steps).
 Per side: generated tokens/s over the steps (each group's wall time), and the prompt tokens the group's members took
 from the radix cache (mean per request, and the group's least: 0 when one member computed the prompt afresh). Ratios are tokens/s relative to `no refit` (goal: `shim` >= 0.95).
-Each side is one server start (30-300 s here); the first step of each is a warm-up, not counted.
+Each side is one server start (30-300 s here); the three run at once, step for step on the same machine, so a load
+from elsewhere slows all three alike; the first step of each is a warm-up, not counted.
 Usage: python bench/bench_sglang_radix.py [--steps N] [--tokens T]   (with the interpreter of `nox -s sglang`'s venv)
 """
 
@@ -42,15 +43,17 @@ def main():
         "flush": ({"NRL_SHIM": "0"}, {"flush_cache": True}),
         "no refit": ({"NRL_SHIM": "0"}, None),
     }
-    results = {}
-    for side, (env, update) in sides.items():
+    import threading
+
+    outputs = {}
+
+    def run(side, env, update):
         cases = []
         for step in range(options.steps):
             cases.append({"kind": "group", "prompt": PROMPT, "n": GROUP, "max_tokens": options.tokens})
             if update is not None:
                 cases.append({"kind": "update_from_disk", "model_path": b if step % 2 == 0 else a, **update})
-        print(f"{side}: starting a server, {options.steps} steps ...", file=sys.stderr, flush=True)
-        out, _ = run_case(
+        outputs[side], _ = run_case(
             child_path("sglang_server"),
             {"model_path": a, "args": _server_args(), "cases": cases},
             root,
@@ -58,11 +61,21 @@ def main():
             name=side.replace(" ", "_"),
             timeout=1800,
         )
-        groups = [case["result"] for case in out["cases"] if "cached" in case["result"]][1:]  # first: warm-up
+
+    print(f"starting {len(sides)} servers, {options.steps} steps each ...", file=sys.stderr, flush=True)
+    threads = [threading.Thread(target=run, args=(side, *spec)) for side, spec in sides.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results = {}
+    for side in sides:
+        groups = [case["result"] for case in outputs[side]["cases"] if "cached" in case["result"]][1:]  # warm-up out
         results[side] = {
             "tokens_per_s": sum(g["tokens"] for g in groups) / sum(g["seconds"] for g in groups),
             "mean_cached": statistics.mean(statistics.mean(g["cached"]) for g in groups),
             "least_cached": statistics.mean(min(g["cached"]) for g in groups),
+            "cached_per_step": [sorted(g["cached"]) for g in groups],
         }
         print(f"{side}: {json.dumps(results[side])}", file=sys.stderr, flush=True)
     base = results["no refit"]["tokens_per_s"]
