@@ -66,3 +66,35 @@ def test_nemo_rl_trainer_logprobs_under_the_shim():
     assert _gap(result["logprobs"], truncated) < 1e-4, (result["logprobs"], truncated)
     changed = [line for line in run["shim_lines"] if f"[{ID}]" in line]
     assert len(changed) == 1 and "renormalised" in changed[0], run["shim_lines"]
+
+
+@pytest.mark.skipif(SOURCE is None, reason=str(MISSING_SOURCE))
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, 0.8), (20, None), (20, 0.8), (1, None), (None, 0.05)])
+def test_renormalised_is_nemo_rls_filter(top_k, top_p):
+    """The fix's renormalisation against NeMo RL HEAD's own apply_top_k_top_p on random logits, for the sampled
+    token's and the top logprobs alike (the whole row): top-k only, top-p only, both, a single token kept."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nrl_shim.quirks.sglang.trainer_logprobs import renormalised
+
+    torch.manual_seed(0)
+    rows, vocab, temperature = 4, 512, 0.7
+    logits = torch.randn(rows, vocab) * 3 / temperature
+    full = torch.log_softmax(logits, dim=-1)
+    info = SimpleNamespace(
+        is_all_greedy=False,
+        need_top_k_sampling=top_k is not None,
+        need_top_p_sampling=top_p is not None,
+        top_ks=torch.full((rows,), top_k if top_k is not None else 1 << 30),
+        top_ps=torch.full((rows,), top_p if top_p is not None else 1.0),
+        temperatures=torch.full((rows, 1), temperature),
+    )
+    got = renormalised(full.clone(), info)
+    filtered, _mask = _nemo_rl_filter()(logits, top_k, top_p if top_p is not None else 1.0)
+    want = torch.log_softmax(filtered, dim=-1).clamp(min=torch.finfo(torch.float32).min)
+    kept = torch.isfinite(torch.log_softmax(filtered, dim=-1))
+    assert torch.equal(kept, got > torch.finfo(torch.float32).min)  # the same tokens kept
+    assert torch.allclose(got[kept], want[kept], atol=1e-5)
+    assert (got[kept] - full[kept]).abs().max() > 1e-3 or bool(kept.all())  # renormalised, not SGLang's own
