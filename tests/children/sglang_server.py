@@ -13,8 +13,9 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
   parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
-- {"kind": "group", "prompt": ids, "n": k, "max_tokens": n}: k concurrent sampled requests of one prompt (a GRPO
-  group): their generated tokens, cached prompt tokens and the wall time.
+- {"kind": "group", "prompt": ids, "n": k, "max_tokens": n, "lead": bool}: k concurrent sampled requests of one prompt
+  (a GRPO group; with `lead`, one first and the k-1 others once it is done): their generated tokens, cached prompt
+  tokens (the lead's first) and the wall time.
 Prints one JSON line: SGLang's version, start time, per case its result and time, the server's exit code if it died,
 and the server's log lines of the shim (`[<quirk id>]`).
 """
@@ -171,8 +172,12 @@ def group(server, case):
     def one(index):
         results[index] = generate(server, sample)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(case["n"])]
     started = time.monotonic()
+    first = 0
+    if case.get("lead"):
+        one(0)
+        first = 1
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(first, case["n"])]
     for thread in threads:
         thread.start()
     for thread in threads:
