@@ -131,14 +131,19 @@ def _quirk_entry(quirk, settings):
 
 def _with_parts(entry, quirk):
     """A fix that acts, one of whose parts (PARTS) lacks a name on this release: state part-missing, the part and the
-    names in its reason. Doctor imports the modules the parts name (a job checks each when it is imported)."""
+    names in its reason. Doctor imports the modules the parts name (a job checks each when it is imported). A module
+    the release does not ship at all is one no job imports, so a job never names it either: not a missing part (e.g.
+    vllm-layerwise-refit's reload hooks on a vLLM before its layerwise reload, where the fix acts without them)."""
     if entry["status"] == IDLE or not quirk.parts:
         return entry
     missing: dict[str, list[str]] = {}
     for name in dict.fromkeys(n.partition(":")[0] for names in quirk.parts.values() for n in names):
         try:
             module = importlib.import_module(name)
-        except Exception as exc:  # gone or broken on this release: that is what its parts miss
+        except Exception as exc:  # broken on this release (a module it imports is gone): that is what its parts miss
+            absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+            if absent and (name == absent or name.startswith(absent + ".")):
+                continue  # not on this release at all: no job imports it
             gone = f"module {name} ({type(exc).__name__}: {exc})"
             for part, names in quirk.parts.items():
                 if any(n.partition(":")[0] == name for n in names):

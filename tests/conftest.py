@@ -38,6 +38,23 @@ def child_env(extra=None, clear_nrl=True):
 _TEST_STATE = os.path.join(tempfile.gettempdir(), f"nrl-shim-test-state-{os.getuid()}")
 
 
+def strict_stops_here(but=(), library=None):
+    """The fixes (ids, comma-joined) that strict mode stops a job for at activation with this interpreter's libraries
+    (activation._stop_if_any_fix_out_of_range: a release with the bug the fix can't reach, no CASE), save `but`; e.g.
+    vllm-prefix-cache-refit(-v0) on vLLM 0.8.5. A strict child that shows another fix's behaviour disables them
+    (NRL_SHIM_DISABLE), as a user of that release would. `library`: only the fixes for that library."""
+    from nrl_shim import registry
+
+    stopped = []
+    for quirk in registry.quirks():
+        if quirk.id in but or (library is not None and quirk.library != library):
+            continue
+        applies, installed, _ = quirk.gate()
+        if not applies and installed is not None and not quirk.case:
+            stopped.append(quirk.id)
+    return ",".join(stopped)
+
+
 CHILDREN_DIR = Path(__file__).resolve().parent / "children"
 
 

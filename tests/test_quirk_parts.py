@@ -4,6 +4,7 @@ its own code asks registry.missing_part() where the case happens; doctor shows "
 3 naming it. A test quirk on `packaging` (installed wherever nrl-shim is) and a target module made here;
 tests/test_vllm_layerwise_refit_part_missing.py does it on a real vLLM release."""
 
+import importlib
 import logging
 import sys
 import types
@@ -158,3 +159,25 @@ def test_doctor_shows_a_missing_part_and_strict_exits_3_naming_it(active, monkey
     monkeypatch.setitem(sys.modules, "parts_target", target(Engine=Engine, hook=hook))
     assert cli._quirk_entry(quirk, registry.load_settings({}))["status"] == cli.APPLIES
     assert cli.doctor(strict=True) == cli.EXIT_OK
+
+
+def test_doctor_names_no_part_whose_module_the_release_does_not_ship(monkeypatch):
+    """A module the release lacks altogether is one no job imports (nor checks): no part is named missing for it, as
+    vllm-layerwise-refit's reload hooks on a vLLM before its layerwise reload. One whose own import fails is still."""
+    quirk = registry.Quirk(quirk_module())
+    monkeypatch.delitem(sys.modules, "parts_target", raising=False)
+    monkeypatch.setattr(
+        cli, "_env_activation_status", lambda: {"pth": None, "working": True, "detail": "not checked here"}
+    )
+    assert cli._quirk_entry(quirk, registry.load_settings({}))["status"] == cli.APPLIES
+
+    real_import = importlib.import_module
+
+    def broken(name, *args, **kwargs):
+        if name == "parts_target":
+            raise ModuleNotFoundError("No module named 'parts_dependency'", name="parts_dependency")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    entry = cli._quirk_entry(quirk, registry.load_settings({}))
+    assert entry["status"] == cli.PART_MISSING and "parts_dependency" in entry["missing_parts"][PART][0]

@@ -176,6 +176,9 @@ def test_broken_model_directories_give_vllms_own_outcome(tmp_path):
     # (Besides the INFO lines of fixes with nothing to change in this vLLM, and vllm-dist-alias's line about
     # importlib.metadata's `vllm`, which vLLM's own start-up looks up: none is about the model directory.)
     shim_lines = [line for line in shim_lines if "[vllm-dist-alias]" not in line and "nothing to change" not in line]
+    # Nor the one line per process of each fix whose bug this vLLM release has but which can't reach it (vLLM 0.8.5:
+    # vllm-trainer-logprobs, vllm-lora-refit, vllm-prefix-cache-refit-v0 at `import vllm`): about the release.
+    shim_lines = [line for line in shim_lines if not any(gap in line for gap in _release_gaps())]
     # the sampling fixes' and vllm-replica-seed's INFO lines are about every engine config vLLM builds
     # (logprobs_mode, the tool-calling variable, the seed), whatever the model directory.
     about_every_engine = (
@@ -187,6 +190,20 @@ def test_broken_model_directories_give_vllms_own_outcome(tmp_path):
     other = [line for line in shim_lines if not (any(tag in line for tag in about_every_engine) and "INFO" in line)]
     assert other == [], other
     assert f"{os.sep}nrl_shim{os.sep}" not in on_err
+
+
+def _release_gaps():
+    """The WARNING each vLLM fix outside its reach on the installed release says, word for word (activation's skip and
+    registry.note_gap both start so): "[id] fix skipped: <its gate's reason>"."""
+    from nrl_shim import registry
+
+    gaps = []
+    for quirk in registry.quirks():
+        if quirk.library == "vllm":
+            applies, installed, reason = quirk.gate()
+            if not applies and installed is not None:
+                gaps.append(f"WARNING: [{quirk.id}] fix skipped: {reason}")
+    return gaps
 
 
 # ---------------------------------------------------------------- property-based: the fix function and _hf_config

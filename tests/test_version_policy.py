@@ -33,16 +33,42 @@ VLLM_TARGETS = (
     "vllm.model_executor.model_loader.base_loader",
     "vllm.model_executor.model_loader.dummy_loader",
 )
-TORCH_TARGETS = (
-    "torch.distributed.tensor.experimental._context_parallel._attention",
-    "torch.distributed.tensor.parallel.api",
-)
+
+
+def _torch_cp_module():
+    """torch's context_parallel module: _context_parallel._attention from 2.10, _attention on 2.6-2.9."""
+    import importlib.util
+
+    from nrl_shim.quirks.torch_cp._common import CURRENT, LEGACY
+
+    try:
+        return CURRENT if importlib.util.find_spec(CURRENT) else LEGACY
+    except ModuleNotFoundError:  # no _context_parallel package (torch < 2.10)
+        return LEGACY
+
+
+TORCH_TARGETS = (_torch_cp_module(), "torch.distributed.tensor.parallel.api")
 # Taken away in the second relabeled release: a method the prefix-cache fix wraps, a parameter the SP guard reads.
 GONE_VLLM = "vllm.v1.core.block_pool:BlockPool.cache_full_blocks"
 GONE_TORCH = "torch.distributed.tensor.parallel.api:parallelize_module(module, device_mesh, parallelize_plan)"
 UNVERIFIED = "acts on an unverified release"
 
-needs_vllm = pytest.mark.skipif(INSTALLED_VLLM.version is None, reason="needs vLLM installed")
+
+def _vllm_fixes_below():
+    """The vLLM fixes whose range starts above the installed release: relabeled, its code is an old release's under a
+    new number (vLLM 0.8.5's: no base_loader, ...), not the next release's; the relabeled-vLLM tests need a recent one."""
+    from conftest import strict_stops_here
+
+    return strict_stops_here(library="vllm") if INSTALLED_VLLM.version is not None else ""
+
+
+_BELOW = _vllm_fixes_below()
+needs_vllm = pytest.mark.skipif(
+    INSTALLED_VLLM.version is None or bool(_BELOW),
+    reason="needs vLLM installed"
+    if INSTALLED_VLLM.version is None
+    else f"{INSTALLED_VLLM.describe()} is below the range of {_BELOW}: relabeled, it is not the next release's code",
+)
 torch = pytest.importorskip("torch", reason="needs torch, not installed here")
 
 
@@ -169,9 +195,11 @@ def test_main_job_on_a_newer_vllm_matches_under_the_shim_and_mismatches_without(
 def test_cp_guards_act_on_a_newer_torch(torch_next):
     from nrl_shim.quirks.torch_cp import sequence_parallel as cp_sequence_parallel
 
+    from conftest import strict_stops_here
     from cp_helpers import run
 
-    out = _lines(torch_next, TORCH_TARGETS, env={"NRL_SHIM_STRICT": "1"})
+    # Strict mode, the fixes it stops at activation on this install (vLLM 0.8.5's prefix-cache gaps) disabled.
+    out = _lines(torch_next, TORCH_TARGETS, env={"NRL_SHIM_STRICT": "1", "NRL_SHIM_DISABLE": strict_stops_here()})
     assert not out["errors"], out["errors"]
     for quirk_id in ("cp-attention-mask", "cp-sequence-parallel", "cp-gemma3", "cp-flash-attention"):
         notices = [line for line in _mine(out, quirk_id) if UNVERIFIED in line]

@@ -128,7 +128,9 @@ def test_an_armed_start_up_answers_at_the_first_lookup(tmp_path):
     runs = []
     for shim in ("1", "1", "0"):  # the first start writes the plugin index (and activates at once)
         env["NRL_SHIM"] = shim
-        argv = [sys.executable, "-c", ARMED_PROBE]
+        # -S and the import site.py would make: only the test's site (a vLLM installed in this interpreter, which
+        # answers by its own name, would hide the alias), and no installed nrl_shim.pth, as in a worker's own venv.
+        argv = [sys.executable, "-S", "-c", "import sitecustomize\n" + ARMED_PROBE]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -22,6 +22,7 @@ from vllm_net_helpers import (
     free_band,
     nemo_rl_patch,
     nemo_rl_patch_read_only,
+    nemo_rl_unusable,
     read_only,
     vllm_copy,
     vllm_dir,
@@ -87,6 +88,8 @@ def test_idle_where_fixed_upstream():
 @needs_affected
 @pytest.mark.skipif(NEMO_RL is None, reason=NO_NEMO_RL or "")
 def test_next_to_nemo_rls_rewrite_the_shim_is_idle_and_never_doubles_the_retry(tmp_path):
+    if nemo_rl_unusable():
+        pytest.skip(nemo_rl_unusable())
     root = vllm_copy(tmp_path, [FILE])
     proc = nemo_rl_patch("_patch_vllm_shm_broadcast_bind_retry", root)
     assert proc.returncode == 0 and "Successfully patched" in proc.stderr, proc.stderr[-3000:]
@@ -104,6 +107,8 @@ def test_next_to_nemo_rls_rewrite_the_shim_is_idle_and_never_doubles_the_retry(t
 @pytest.mark.skipif(NEMO_RL is None, reason=NO_NEMO_RL or "")
 @pytest.mark.skipif(not can_mount_read_only(), reason="cannot mount site-packages read-only here (unshare -m)")
 def test_read_only_site_packages_nemo_rls_rewrite_fails_the_shims_fix_works():
+    if nemo_rl_unusable():
+        pytest.skip(nemo_rl_unusable())
     directory = vllm_dir()
     nemo_rl_patch_read_only("_patch_vllm_shm_broadcast_bind_retry")
     # As many rounds as the test that shows the race reproduces: the shim's line appears only where a bind was lost and

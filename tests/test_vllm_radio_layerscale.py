@@ -7,6 +7,7 @@ import os
 
 import pytest
 from nemo_rl_helpers import nemo_rl_source
+from packaging.specifiers import SpecifierSet
 from vllm_object_tests import requires, run_children, shim_lines
 
 from nrl_shim.quirks.vllm.models import radio_layerscale as quirk
@@ -111,6 +112,8 @@ def test_idle_under_nemo_rl_rewrite():
     never wrap it (its loader resets LayerScale the shim would have loaded). The rewrite is applied in memory."""
     if VLLM_VERSION is None:
         pytest.skip("vLLM is not installed in this interpreter")
+    if not SpecifierSet(quirk.AFFECTED).contains(VLLM_VERSION, prereleases=True):
+        pytest.skip(f"vLLM {VLLM_VERSION} is not affected: {quirk.NOT_AFFECTED}")  # no radio.py to rewrite
     source, missing = nemo_rl_source(
         NEMO_RL_HEAD, "NRL_SHIM_NEMO_RL_7EA279ABF", "nemo_rl/models/generation/vllm/patches.py"
     )

@@ -21,6 +21,25 @@ NEMO_RL, NO_NEMO_RL = nemo_rl_source(
 )
 
 
+def nemo_rl_unusable():
+    """Why NeMo RL HEAD's patches module can't be imported with this interpreter's libraries (e.g. transformers <4.52
+    beside vLLM 0.8.5: no transformers.video_utils), as its last error line; None where it imports. Asked once."""
+    if "unusable" not in _NEMO_RL_IMPORT:
+        import sys
+
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("NRL_")}
+        environ.update({"NRL_SHIM": "0", "PYTHONPATH": NEMO_RL})
+        code = "from nemo_rl.models.generation.vllm import patches"
+        proc = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        why = f"NeMo RL {NEMO_RL_COMMIT[:9]} does not import here: {last}"
+        _NEMO_RL_IMPORT["unusable"] = None if proc.returncode == 0 else why
+    return _NEMO_RL_IMPORT["unusable"]
+
+
+_NEMO_RL_IMPORT: dict = {}
+
+
 def affected(specifier):
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
