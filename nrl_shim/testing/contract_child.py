@@ -71,7 +71,11 @@ def settings_for(quirk_ids):
 
 
 def targets_of(quirk_id):
-    return [t for t in registry.get(quirk_id).targets if importable(t)]
+    """The targets this release has that the fix patches: its own (TARGETS) where it applies; where its release has
+    the bug outside its reach, the hooks that name the case when it happens (CASE_TARGETS)."""
+    quirk = registry.get(quirk_id)
+    applies = quirk.gate()[0]
+    return [t for t in quirk.targets if importable(t) and (quirk.patches(t) if applies else t in quirk._case_handlers)]
 
 
 def check_setup(quirk_id):
