@@ -21,6 +21,7 @@ applies top-p to the full distribution), that token's logprob is NeMo RL's: the 
 import contextvars
 import os
 
+from nrl_shim.quirks._trainer import trainer_truncates
 from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
 
 ID = "sglang-trainer-logprobs"
@@ -44,7 +45,6 @@ REQUIRES = (
 # Where the launching process hands its decision to the engine's scheduler processes (they inherit its environment):
 # the name of the trainer that truncates. Internal to the shim; not a setting.
 HANDOFF = "NRL_SHIM_SGLANG_TRUNCATING_TRAINER"
-NEMO_RL_TRUNCATES = "nemo_rl.algorithms.logits_sampling_utils"
 WHAT = "SGLang logprobs of requests sampled with top-k/top-p"
 _BATCH: "contextvars.ContextVar" = contextvars.ContextVar("nrl_shim_sglang_sampling_info", default=None)
 _SAID: set = set()
@@ -79,23 +79,10 @@ def unpatch_engine(module):
     unwrap(module, "_set_envs_and_config", ID)
 
 
-def _trainer_truncates():
-    """The framework in this process whose trainer filters its logits with top-k/top-p (its name), or None."""
-    import importlib.util
-    import sys
-
-    if "nemo_rl" not in sys.modules:
-        return None
-    try:
-        return "NeMo RL" if importlib.util.find_spec(NEMO_RL_TRUNCATES) is not None else None
-    except (ImportError, ValueError):
-        return None
-
-
 def _decide(mode):
     trainer = {"truncated": "NRL_SHIM_LOGPROBS=truncated", "full": None}.get(mode)
     if mode == "auto":
-        trainer = _trainer_truncates()
+        trainer = trainer_truncates()
     if trainer:
         os.environ[HANDOFF] = trainer
     else:

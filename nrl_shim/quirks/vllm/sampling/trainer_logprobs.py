@@ -27,6 +27,7 @@ fixes once under the id vllm-rollout-sampling (still the name of all three in NR
 import contextvars
 from typing import Any
 
+from nrl_shim.quirks._trainer import trainer_truncates
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
 from nrl_shim.settings import Variable, choice
 
@@ -56,9 +57,6 @@ REQUIRES = (
     "vllm.v1.sample.sampler:Sampler.compute_logprobs",
 )
 LOGPROBS = ("auto", "full", "truncated")
-# NeMo RL HEAD filters its training logits with the rollout's top-k/top-p (TrainingSamplingParams, apply_top_k_top_p in
-# its policy workers): its trainer's logprobs are the truncated ones. Older NeMo RL (no such module) trains on all.
-NEMO_RL_TRUNCATES = "nemo_rl.algorithms.logits_sampling_utils"
 EXPLAIN_FIELDS = ("model_config.logprobs_mode",)  # for `nrl-shim explain`
 SETTINGS = (
     Variable(
@@ -87,19 +85,6 @@ _SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily (its tem
 
 
 _LOGPROBS_SETTING = ["auto"]  # NRL_SHIM_LOGPROBS, as patch() was given it
-
-
-def _trainer_truncates():
-    """The framework in this process whose trainer filters its logits as vLLM does (its name), or None."""
-    import importlib.util
-    import sys
-
-    if "nemo_rl" not in sys.modules:
-        return None
-    try:
-        return "NeMo RL" if importlib.util.find_spec(NEMO_RL_TRUNCATES) is not None else None
-    except (ImportError, ValueError):
-        return None
 
 
 def _serving(settings):
@@ -189,7 +174,7 @@ def _differs(params, engine, settings):
     scaled = temperature >= _SAMPLING_EPS and abs(temperature - 1.0) > 1e-6
     top_k, top_p, min_p = getattr(params, "top_k", -1), getattr(params, "top_p", 1.0), getattr(params, "min_p", 0.0)
     filtered = (top_k is not None and top_k > 0) or (top_p is not None and top_p < 1.0) or bool(min_p)
-    truncated = settings.logprobs == "truncated" or (settings.logprobs == "auto" and _trainer_truncates() is not None)
+    truncated = settings.logprobs == "truncated" or (settings.logprobs == "auto" and trainer_truncates() is not None)
     if engine == "V1":
         if scaled:
             return f"V1 returns them before temperature ({temperature:g})"
@@ -304,7 +289,7 @@ def _logprobs_mode(engine_args, explicit):
 
     value = str(getattr(engine_args.logprobs_mode, "value", engine_args.logprobs_mode))
     what = "vllm logprobs_mode"
-    truncating = _trainer_truncates()
+    truncating = trainer_truncates()
     if "logprobs_mode" in explicit:
         if value != "processed_logprobs":
             return None
