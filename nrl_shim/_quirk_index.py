@@ -126,6 +126,13 @@ QUIRKS = (
         ),
     ),
     (
+        "nrl_shim.quirks.vllm.refit.cpu_moe_refit",
+        "vllm-cpu-moe-refit",
+        ("vllm.model_executor.model_loader.base_loader",),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.vllm.refit.layerwise_refit",
         "vllm-layerwise-refit",
         (

