@@ -201,7 +201,7 @@ _IN_RANGE_GAP = {
 def _name_the_case(params, engine, settings, in_range=False):
     from nrl_shim import registry, report
 
-    gap: "str | None"
+    gap: str | None
     if in_range:  # the fix acts on this release, but not on this engine (V0) or not for this trainer (V1 without mode)
         if engine == "V1" and not _NO_MODE.get("truncating"):
             return
