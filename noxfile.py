@@ -468,6 +468,7 @@ SGLANG_DEPS = [
     "xgrammar==0.2.7",
     "xxhash",
     "zstandard",
+    "ray==2.60.0",  # not SGLang's: NeMo RL's route, launch_server in a Ray actor (tests/test_sglang_ray_actor.py)
 ]
 
 
@@ -528,6 +529,7 @@ SGLANG_NEMO_RL_DEPS = [
     "xgrammar==0.2.0",
     "smg-grpc-servicer>=0.5.0",
     "kernels>=0.12.0,<0.13",  # what transformers 5.6.0 accepts (its `kernels` extra); newer ones break its hub-kernel table
+    "ray==2.60.0",  # NeMo RL's route (tests/test_sglang_ray_actor.py)
 ]
 
 

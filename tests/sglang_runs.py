@@ -89,9 +89,10 @@ def references():
 
 
 @functools.cache
-def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = ()) -> dict:
+def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = (), launch: str = "cli") -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
-    of ORDER named in `names` (default: all) in ORDER's order; results by case name."""
+    of ORDER named in `names` (default: all) in ORDER's order, started by `launch` (the child's routes: "cli",
+    "ray_actor"); results by case name."""
     paths = checkpoints()
     order = [(name, case) for name, case in ORDER if not names or name in names]
     cases = []
@@ -103,7 +104,7 @@ def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = 
     root = Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-{'shim' if shim else 'plain'}-"))
     out, _proc = run_case(
         child_path("sglang_server"),
-        {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases},
+        {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases, "launch": launch},
         root,
         # NRL_SHIM_LOGPROBS=truncated: the trainer NeMo RL HEAD is (its top-p filter), without running NeMo RL here
         env=sglang_env(
@@ -113,7 +114,7 @@ def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = 
     )
     results = {name: case["result"] for (name, _), case in zip(order, out["cases"])}
     print(
-        f"SGLang {out['sglang']} server ({'shim' if shim else 'no shim'}{', ' + ' '.join(args) if args else ''}): up in {out['start_s']} s, died: "
+        f"SGLang {out['sglang']} server ({launch}, {'shim' if shim else 'no shim'}{', ' + ' '.join(args) if args else ''}): up in {out['start_s']} s, died: "
         f"{out['died']}; shim lines: {out['shim_lines']}",
         file=sys.stderr,
     )

@@ -1,8 +1,13 @@
 """One real SGLang HTTP server (`python -m sglang.launch_server`, CPU) serving a list of cases in order, for the SGLang
 fixes' tests (tests/sglang_runs.py): `python sglang_server.py RUN.json`, RUN = {"model_path": dir, "args": [extra
-launch_server options], "cases": [...]}. Started with the environment this program got (tests/sglang_cpu on PYTHONPATH,
-SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM says), as a job starts it; stopped at the end (its process
-group, which this program started).
+launch_server options], "cases": [...], "launch": "cli" | "ray_actor"}. Started with the environment this program got
+(tests/sglang_cpu on PYTHONPATH, SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM says), as a job starts it;
+stopped at the end (its process group, which this program started).
+
+Launch routes: `cli`, `python -m sglang.launch_server ARGS` in a subprocess; `ray_actor`, NeMo RL HEAD's way
+(nemo_rl/models/generation/sglang/sglang_worker.py): a local Ray cluster (127.0.0.1) whose actor builds
+`ServerArgs(**kwargs)` in Python and runs `launch_server(server_args)` in a `multiprocessing` spawn child, which starts
+SGLang's scheduler and detokenizer processes. The shim reaches each process through the environment alone.
 
 Cases, each on the server as the cases before it left it (weights and radix cache included):
 - {"kind": "generate", "prompt": ids, "max_tokens": n}: native /generate, greedy: tokens, logprobs, cached tokens;
@@ -51,6 +56,8 @@ def free_port():
 
 
 class Server:
+    """`python -m sglang.launch_server` in a subprocess of its own session."""
+
     def __init__(self, model_path, args, log_path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -60,11 +67,15 @@ class Server:
         # Its own session: the server's scheduler and detokenizer processes are stopped with it (our group only).
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
+    def exit_code(self):
+        """None while the server runs."""
+        return self.proc.poll()
+
     def wait_ready(self):
         started = time.monotonic()
         while time.monotonic() - started < START_TIMEOUT_S:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} while starting")
+            if self.exit_code() is not None:
+                raise RuntimeError(f"the server exited with {self.exit_code()} while starting")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
                     if response.status == 200:
@@ -101,6 +112,97 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def _launch_in_actor(options, log_path):
+    """In the Ray actor: NeMo RL's sequence (ServerArgs in Python, launch_server in a spawn child), the child's output to
+    `log_path`. Returns the child's pid."""
+    import multiprocessing
+
+    from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(**options)
+    multiprocessing.set_start_method("spawn", force=True)
+    log = open(log_path, "w")
+    # The spawn child inherits these descriptors: its (and its scheduler's) log lines reach the file.
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    process = multiprocessing.Process(target=launch_server, args=(server_args,))
+    process.start()
+    return process
+
+
+class RayActorServer(Server):
+    """launch_server(ServerArgs) in a spawn child of a Ray actor, as NeMo RL HEAD starts its SGLang servers."""
+
+    def __init__(self, model_path, args, log_path):
+        import ray
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.devnull, "w")  # the actor's child writes log_path itself
+        options = dict(model_path=model_path, host="127.0.0.1", port=self.port, **_options(args))
+        # Loopback only; the driver's environment (NRL_SHIM, the CPU harness) is the workers' (a local cluster).
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+
+        @ray.remote(num_cpus=0)
+        class SGLangServerActor:
+            def start(self, options, log_path):
+                self.process = _launch_in_actor(options, log_path)
+                return self.process.pid
+
+            def exit_code(self):
+                return self.process.exitcode
+
+            def stop(self):
+                import psutil
+
+                tree = [self.process.pid]
+                try:
+                    tree += [c.pid for c in psutil.Process(self.process.pid).children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    pass
+                for pid in tree:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                self.process.join(timeout=60)
+
+        self.actor = SGLangServerActor.remote()
+        self.pid = ray.get(self.actor.start.remote(options, log_path))
+
+    def exit_code(self):
+        import ray
+
+        return ray.get(self.actor.exit_code.remote())
+
+    def stop(self):
+        import ray
+
+        try:
+            ray.get(self.actor.stop.remote(), timeout=120)
+        finally:
+            ray.shutdown()
+            self.log.close()
+
+
+def _options(args):
+    """launch_server's command-line options as ServerArgs keyword arguments (`--a-b v` -> a_b="v", a flag -> True)."""
+    options, index = {}, 0
+    while index < len(args):
+        key = args[index].removeprefix("--").replace("-", "_")
+        if index + 1 < len(args) and not args[index + 1].startswith("--"):
+            value = args[index + 1]
+            index += 2
+        else:
+            value, index = True, index + 1
+        options[key] = value
+    for key, kind in (("context_length", int), ("max_total_tokens", int), ("random_seed", int)):
+        if key in options:
+            options[key] = kind(options[key])
+    return options
 
 
 def generate(server, case):
@@ -218,13 +320,14 @@ def main():
     with open(sys.argv[1]) as f:
         run = json.load(f)
     log_path = sys.argv[1] + ".server.log"
-    server = Server(run["model_path"], run.get("args", []), log_path)
+    route = {"cli": Server, "ray_actor": RayActorServer}[run.get("launch", "cli")]
+    server = route(run["model_path"], run.get("args", []), log_path)
     results, died, start_s = [], None, None
     try:
         start_s = server.wait_ready()
         for case in run["cases"]:
             t0 = time.monotonic()
-            if server.proc.poll() is not None:
+            if server.exit_code() is not None:
                 results.append({"result": {"error": "server not running"}, "seconds": 0.0})
                 continue
             try:
@@ -233,7 +336,7 @@ def main():
                 result = {"error": repr(error)}
             results.append({"result": result, "seconds": time.monotonic() - t0})
     finally:
-        died = server.proc.poll()
+        died = server.exit_code()
         server.stop()
     with open(log_path, errors="replace") as f:
         tail = f.read()[-4000:]
