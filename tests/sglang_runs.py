@@ -89,10 +89,16 @@ def references():
 
 
 @functools.cache
-def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = (), launch: str = "cli") -> dict:
+def server_run(
+    shim: bool,
+    args: tuple[str, ...] = (),
+    names: tuple[str, ...] = (),
+    launch: str = "cli",
+    env: tuple[tuple[str, str], ...] = (),
+) -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
     of ORDER named in `names` (default: all) in ORDER's order, started by `launch` (the child's routes: "cli",
-    "ray_actor"); results by case name."""
+    "ray_actor"), with `env` added to the server's environment; results by case name."""
     paths = checkpoints()
     order = [(name, case) for name, case in ORDER if not names or name in names]
     cases = []
@@ -108,7 +114,12 @@ def server_run(shim: bool, args: tuple[str, ...] = (), names: tuple[str, ...] = 
         root,
         # NRL_SHIM_LOGPROBS=truncated: the trainer NeMo RL HEAD is (its top-p filter), without running NeMo RL here
         env=sglang_env(
-            {"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO", "NRL_SHIM_LOGPROBS": "truncated"}
+            {
+                "NRL_SHIM": "1" if shim else "0",
+                "NRL_SHIM_LOG_LEVEL": "INFO",
+                "NRL_SHIM_LOGPROBS": "truncated",
+                **dict(env),
+            }
         ),
         timeout=1800,
     )
