@@ -113,15 +113,17 @@ def test_refused_flush_under_the_shim(shim):
     assert refused, shim["shim_lines"]
 
 
-# Data parallelism: two scheduler processes, each with its own radix cache, requests spread round-robin. SGLang's CPU
-# build from its distributed/bootstrap.py on (0.5.23; not 0.5.12.post1, which binds per TP rank) binds each DP x TP
-# rank to a NUMA node unless told which cores each takes: one core each here.
-def _dp_env():
+# Two ranks on this 2-core machine, one core each. Data parallelism: two scheduler processes, each with its own radix
+# cache, requests spread round-robin. Tensor parallelism: two scheduler processes of one TP group (gloo on a CPU), one
+# radix cache each, kept alike. SGLang's CPU build binds each rank to cores: per TP rank (SGLANG_CPU_OMP_THREADS_BIND
+# as long as the TP size) in 0.5.12.post1; per DP x TP rank from its distributed/bootstrap.py on (0.5.23), where more
+# ranks than NUMA nodes need the variable too.
+def _binds_every_rank():
     import importlib.util
     import os
 
     spec = importlib.util.find_spec("sglang")  # the package's folder, nothing of SGLang imported here
-    binds_every_rank = (
+    return (
         spec is not None
         and spec.submodule_search_locations is not None
         and any(
@@ -129,25 +131,36 @@ def _dp_env():
             for folder in spec.submodule_search_locations
         )
     )
-    return (("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if binds_every_rank else ()
 
 
-DP_ARGS = ("--dp-size", "2")
-DP_CASES = ("first", "update_b_no_flush", "after_update", "follower")
+PARALLEL = {
+    "dp": ("--dp-size", "2"),
+    "tp": ("--tp-size", "2"),
+}
+PARALLEL_CASES = ("first", "update_b_no_flush", "after_update", "follower")
+
+
+def _parallel_env(kind):
+    return (("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if kind == "tp" or _binds_every_rank() else ()
 
 
 @real_sglang
 @pytest.mark.full
-def test_every_dp_rank_serves_the_new_weights_after_an_update_without_flush():
-    """Without the shim the rank that served the prompt before the update serves it again from the old weights' KV
-    (which rank gets which request is SGLang's round-robin: one of the two requests after the update meets it); with
-    the shim every rank counts the update (one line each) and both requests match transformers with the new weights."""
-    plain = server_run(False, DP_ARGS, DP_CASES, env=_dp_env())["results"]
+@pytest.mark.parametrize("kind", PARALLEL)
+def test_every_rank_serves_the_new_weights_after_an_update_without_flush(kind):
+    """Without the shim a rank that served the prompt before the update serves it again from the old weights' KV (DP:
+    which rank gets which request is SGLang's round-robin, so one of the two requests after the update meets it); with
+    the shim every rank's scheduler counts the update (one line each) and both requests match transformers with the
+    new weights."""
+    args, env = PARALLEL[kind], _parallel_env(kind)
+    plain = server_run(False, args, PARALLEL_CASES, env=env)["results"]
     assert any(_stale(plain[name], references()["B"]) for name in ("after_update", "follower")), plain
-    shim = server_run(True, DP_ARGS, DP_CASES, env=_dp_env())
+    shim = server_run(True, args, PARALLEL_CASES, env=env)
     for name in ("after_update", "follower"):
         result = shim["results"][name]
         assert result["tokens"] == references()["B"]["tokens"], (name, result)
         assert logprob_gap(result, references()["B"]) < 1e-3, (name, result)  # cached or not: the new weights' KV
+    if kind == "tp":  # one group, one prefix: the follower shares what the first request after the update computed
+        assert shim["results"]["after_update"]["cached"] == 0 and shim["results"]["follower"]["cached"] >= STALE
     ranks = [line for line in shim["shim_lines"] if f"[{ID}]" in line and "weight version 1" in line]
-    assert len(ranks) == 2, shim["shim_lines"]  # one per DP rank's scheduler
+    assert len(ranks) == 2, shim["shim_lines"]  # one per rank's scheduler
