@@ -360,6 +360,13 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.dp_seed",
+        "sglang-dp-seed",
+        ("sglang.srt.managers.scheduler", "sglang.srt.managers.tp_worker"),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

@@ -36,6 +36,13 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.8}  # NeMo RL's request with its trai
 SAMPLE_CASES = [("sampled_top_p", {"kind": "sample", "prompt": SAMPLED_PROMPT, "max_tokens": 16, "sampling": SAMPLING})]
 SAMPLED_WEIGHTS = "B"  # the checkpoint the server holds when the sampled case runs
 
+# A GRPO group of 8 requests of one prompt at temperature 1.0 (its own first token: no shared prefix), one at a time:
+# with data parallelism each goes to the next rank, and no batching between them changes a rank's random draws.
+GROUP_PROMPT = [498] + [(i * 7) % 500 + 3 for i in range(19)]
+GROUP_CASES = [
+    ("group_of_8", {"kind": "group", "prompt": GROUP_PROMPT, "n": GROUP, "max_tokens": 12, "one_at_a_time": True})
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
@@ -56,7 +63,35 @@ ORDER = [
         },
     ),
     ("after_running_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    *GROUP_CASES,  # last: without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
 ]
+
+# Two ranks on this 2-core machine, one core each. Data parallelism: two scheduler processes, each with its own radix
+# cache, requests spread round-robin. Tensor parallelism: two scheduler processes of one TP group (gloo on a CPU), one
+# radix cache each, kept alike. SGLang's CPU build binds each rank to cores: per TP rank (SGLANG_CPU_OMP_THREADS_BIND
+# as long as the TP size) in 0.5.12.post1; per DP x TP rank from its distributed/bootstrap.py on (0.5.23), where more
+# ranks than NUMA nodes need the variable too.
+PARALLEL = {"dp": ("--dp-size", "2"), "tp": ("--tp-size", "2")}
+
+
+def _binds_every_rank():
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sglang")  # the package's folder, nothing of SGLang imported here
+    return (
+        spec is not None
+        and spec.submodule_search_locations is not None
+        and any(
+            os.path.exists(os.path.join(folder, "srt", "distributed", "bootstrap.py"))
+            for folder in spec.submodule_search_locations
+        )
+    )
+
+
+def parallel_env(kind):
+    """The server environment a two-rank server of `kind` ("dp", "tp") needs here (server_run's `env`)."""
+    return (("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if kind == "tp" or _binds_every_rank() else ()
 
 
 def _server_args():

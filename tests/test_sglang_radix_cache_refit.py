@@ -13,7 +13,7 @@ The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox
 import pytest
 
 from sglang_helpers import REAL_SGLANG, logprob_gap
-from sglang_runs import PROMPT, references, server_run
+from sglang_runs import PARALLEL, PROMPT, parallel_env, references, server_run
 
 ID = "sglang-radix-cache-refit"
 
@@ -113,35 +113,7 @@ def test_refused_flush_under_the_shim(shim):
     assert refused, shim["shim_lines"]
 
 
-# Two ranks on this 2-core machine, one core each. Data parallelism: two scheduler processes, each with its own radix
-# cache, requests spread round-robin. Tensor parallelism: two scheduler processes of one TP group (gloo on a CPU), one
-# radix cache each, kept alike. SGLang's CPU build binds each rank to cores: per TP rank (SGLANG_CPU_OMP_THREADS_BIND
-# as long as the TP size) in 0.5.12.post1; per DP x TP rank from its distributed/bootstrap.py on (0.5.23), where more
-# ranks than NUMA nodes need the variable too.
-def _binds_every_rank():
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("sglang")  # the package's folder, nothing of SGLang imported here
-    return (
-        spec is not None
-        and spec.submodule_search_locations is not None
-        and any(
-            os.path.exists(os.path.join(folder, "srt", "distributed", "bootstrap.py"))
-            for folder in spec.submodule_search_locations
-        )
-    )
-
-
-PARALLEL = {
-    "dp": ("--dp-size", "2"),
-    "tp": ("--tp-size", "2"),
-}
 PARALLEL_CASES = ("first", "update_b_no_flush", "after_update", "follower")
-
-
-def _parallel_env(kind):
-    return (("SGLANG_CPU_OMP_THREADS_BIND", "0|1"),) if kind == "tp" or _binds_every_rank() else ()
 
 
 @real_sglang
@@ -152,7 +124,7 @@ def test_every_rank_serves_the_new_weights_after_an_update_without_flush(kind):
     which rank gets which request is SGLang's round-robin, so one of the two requests after the update meets it); with
     the shim every rank's scheduler counts the update (one line each) and both requests match transformers with the
     new weights."""
-    args, env = PARALLEL[kind], _parallel_env(kind)
+    args, env = PARALLEL[kind], parallel_env(kind)
     plain = server_run(False, args, PARALLEL_CASES, env=env)["results"]
     assert any(_stale(plain[name], references()["B"]) for name in ("after_update", "follower")), plain
     shim = server_run(True, args, PARALLEL_CASES, env=env)

@@ -64,15 +64,20 @@ def test_without_the_shim_queues_die_with_eaddrinuse_with_it_all_bind_in_the_ban
     assert lost, f"the race did not reproduce in {ROUNDS} rounds of {PROCESSES} processes"
     assert all("Address already in use" in r[3] for r in lost), lost
 
-    base, results, log = race(shim=True)
-    assert not errors(results), errors(results)
-    assert len(results) == PROCESSES * ROUNDS
-    for _round, _index, _ok, advertised, bound in results:
-        assert advertised == bound  # the handle readers connect to names the port actually bound
-        assert base <= int(bound.rpartition(":")[2]) < base + 100  # in the VLLM_PORT band, not kernel-ephemeral
-    for round_ in range(ROUNDS):  # one port per queue
-        ports = [r[4] for r in results if r[0] == round_]
-        assert len(set(ports)) == PROCESSES, ports
+    # A race: a run under the shim may meet no collision, so none to retry and nothing to log. Up to 3 runs, each
+    # checked whole, until one retried (logged as a change); one run usually meets one (2 shared cores).
+    for _attempt in range(3):
+        base, results, log = race(shim=True)
+        assert not errors(results), errors(results)
+        assert len(results) == PROCESSES * ROUNDS
+        for _round, _index, _ok, advertised, bound in results:
+            assert advertised == bound  # the handle readers connect to names the port actually bound
+            assert base <= int(bound.rpartition(":")[2]) < base + 100  # in the VLLM_PORT band, not kernel-ephemeral
+        for round_ in range(ROUNDS):  # one port per queue
+            ports = [r[4] for r in results if r[0] == round_]
+            assert len(set(ports)) == PROCESSES, ports
+        if f"[{ID}] vLLM MessageQueue remote port:" in log:
+            break
     assert f"[{ID}] vLLM MessageQueue remote port:" in log  # each retry logged as a change
 
 

@@ -19,8 +19,9 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
   parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
 - {"kind": "group", "prompt": ids, "n": k, "max_tokens": n, "lead": bool}: k concurrent sampled requests of one prompt
-  (a GRPO group; with `lead`, one first and the k-1 others once it is done): their generated tokens, cached prompt
-  tokens (the lead's first) and the wall time.
+  (a GRPO group; with `lead`, one first and the k-1 others once it is done; with `one_at_a_time`, each once the one
+  before is done): their generated tokens, cached prompt
+  tokens (the lead's first), how many distinct completions, and the wall time.
 Prints one JSON line: SGLang's version, start time, per case its result and time, the server's exit code if it died,
 and the server's log lines of the shim (`[<quirk id>]`).
 """
@@ -276,7 +277,11 @@ def group(server, case):
 
     started = time.monotonic()
     first = 0
-    if case.get("lead"):
+    if case.get("one_at_a_time"):  # each request once the one before is done (no batching between them)
+        for index in range(case["n"]):
+            one(index)
+        first = case["n"]
+    elif case.get("lead"):
         one(0)
         first = 1
     threads = [threading.Thread(target=one, args=(i,)) for i in range(first, case["n"])]
@@ -288,6 +293,7 @@ def group(server, case):
         "seconds": time.monotonic() - started,
         "tokens": sum(len(r.get("tokens", ())) for r in results),
         "cached": [r.get("cached", 0) for r in results],
+        "distinct": len({tuple(r.get("tokens", ())) for r in results}),
     }
 
 
