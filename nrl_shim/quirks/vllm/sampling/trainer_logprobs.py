@@ -398,10 +398,20 @@ _TEMPERATURE: "contextvars.ContextVar[Any]" = contextvars.ContextVar("nrl_shim_l
 
 
 def _engine_mark():
+    """The mark on the model config of the engine being built here, or None. Read without vLLM's getter where that one
+    has no "or none" form: 0.9.x's builds a default VllmConfig (with a warning) when none is current."""
     try:
-        from vllm.config import get_current_vllm_config
+        import sys
 
-        model_config = getattr(get_current_vllm_config(), "model_config", None)
+        import vllm.config as config
+
+        getter = getattr(config, "get_current_vllm_config_or_none", None)
+        if getter is not None:
+            current = getter()
+        else:
+            defined_in = sys.modules.get(getattr(config.get_current_vllm_config, "__module__", ""), config)
+            current = getattr(defined_in, "_current_vllm_config", None)
+        model_config = getattr(current, "model_config", None)
     except Exception:  # noqa: BLE001  (an old release, or no current config: leave the sampler alone)
         return None
     return vars(model_config).get(_MARK) if model_config is not None and hasattr(model_config, "__dict__") else None
