@@ -170,7 +170,7 @@ def _differs(params, engine, settings):
     scaled = temperature >= _SAMPLING_EPS and abs(temperature - 1.0) > 1e-6
     top_k, top_p, min_p = getattr(params, "top_k", -1), getattr(params, "top_p", 1.0), getattr(params, "min_p", 0.0)
     filtered = (top_k is not None and top_k > 0) or (top_p is not None and top_p < 1.0) or bool(min_p)
-    truncated = settings.logprobs == "truncated" or (settings.logprobs == "auto" and trainer_truncates() is not None)
+    truncated = _trainer_filters(settings.logprobs)
     if engine == "V1":
         if scaled:
             return f"V1 returns them before temperature ({temperature:g})"
@@ -203,8 +203,8 @@ def _name_the_case(params, engine, settings, in_range=False):
 
     gap: str | None
     if in_range:  # the fix acts on this release, but not on this engine (V0) or not for this trainer (V1 without mode)
-        if engine == "V1" and not _NO_MODE.get("truncating"):
-            return
+        if engine == "V1" and not _trainer_filters(settings.logprobs):
+            return  # the fix scales this release's raw logprobs: only a truncating trainer is left out
         gap = _IN_RANGE_GAP[engine]
     else:
         gap = registry.missing_part(ID, CASE)
@@ -382,13 +382,12 @@ def _mark_without_mode():
     unless the trainer truncates (then the first request that truncates is named: this release has no processed
     logprobs for V1)."""
     setting = _LOGPROBS_SETTING[0]
-    truncating = setting == "truncated" or (setting == "auto" and trainer_truncates() is not None)
-    _NO_MODE["truncating"] = truncating
-    return None if truncating else "full"
+    return None if _trainer_filters(setting) else "full"
 
 
-# Set where the engine's release has no logprobs_mode: whether the trainer truncates (V1's guard names such requests).
-_NO_MODE: "dict[str, bool]" = {}
+def _trainer_filters(setting):
+    """Whether the trainer filters its logits with top-k/top-p (NRL_SHIM_LOGPROBS `setting`, `auto`'s rule)."""
+    return setting == "truncated" or (setting == "auto" and trainer_truncates() is not None)
 
 
 # --- in the engine core: the sampler ---
