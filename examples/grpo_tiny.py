@@ -8,6 +8,16 @@ from the policy being trained.
     nrl-shim run -- python examples/grpo_tiny.py          # with the shim
     python examples/grpo_tiny.py                          # without
     python examples/grpo_tiny.py --moe                    # a mixture-of-experts policy (Qwen3-MoE)
+    nrl-shim run -- python examples/grpo_tiny.py --engine sglang   # rollouts from SGLang's HTTP server
+
+With --engine sglang the rollouts come from SGLang's HTTP server (`python -m sglang.launch_server` in a subprocess,
+the checkpoint loaded, radix cache on), driven over HTTP as NeMo RL, slime, verl and AReaL drive it, refit the way
+asynchronous RL refits SGLang: a long rollout is still generating when the new weights are ready (a partial rollout,
+kept across the refit as AReaL and slime keep one), so generation is paused in place, the policy the trainer saved is
+loaded with /update_weights_from_disk (SGLang flushes its radix cache after it, by default) and generation continues.
+On a machine without a GPU SGLang needs its CPU platform (set here) and, from PyPI, the stand-ins of the test harness
+on PYTHONPATH (tests/sglang_cpu/README.md): `PYTHONPATH=tests/sglang_cpu nrl-shim run -- python examples/grpo_tiny.py
+--engine sglang`, with the interpreter of `nox -s sglang`'s venv.
 
 When a step mismatches, the run finds out why from its own numbers: it refits once more and samples the same requests
 twice, with the engine's prefix cache as it is and after resetting it, and compares the engine's logprobs with the
@@ -20,7 +30,8 @@ right without the shim). Its fused-MoE experts still come out scrambled there, w
 prepack on a weight update; on a GPU a `load_weights` refit (what NeMo RL, verl and TRL call) scrambles them the same
 way (vllm-project/vllm#42821). Options: --steps N (default 4), --moe, --dtype float32|bfloat16 (the engine's; vLLM
 0.9.1 on a CPU: its V0 | V1 engine), --top-p P (nucleus sampling: vLLM's processed
-logprobs are then renormalised over the kept tokens, the loss's are not), --verbose (vLLM's own logs), --json PATH.
+logprobs are then renormalised over the kept tokens, the loss's are not), --engine vllm|sglang, --verbose (the
+engine's own logs), --json PATH.
 """
 
 import argparse
@@ -30,9 +41,14 @@ import logging
 import math
 import os
 import random
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 import warnings
 
 VOCAB = 512
@@ -41,6 +57,9 @@ QUESTIONS = [[5, 17, 42, 7], [100, 3, 9, 61], [11, 12, 13, 14], [300, 1, 2, 3]] 
 PROMPTS = [SYSTEM_PROMPT + question for question in QUESTIONS]
 GROUP_SIZE = 8
 NEW_TOKENS = 8
+# --engine sglang: the rollout still generating at each refit (a partial rollout; ~2 s of decode on a CPU)
+LONG_QUESTION = [400, 401, 402, 403]
+LONG_TOKENS = 512
 TEMPERATURE = 0.7
 TOP_P = 1.0  # --top-p: nucleus sampling, as many GRPO recipes use (0.8-0.95); the trainer scores the full vocabulary
 LEARNING_RATE = 1e-2
@@ -73,7 +92,7 @@ def write_policy(directory, moe):
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,  # --engine sglang: room for the long rollout (vLLM runs max_model_len=256)
         initializer_range=0.3,
         tie_word_embeddings=False,
         bos_token_id=1,
@@ -102,34 +121,6 @@ def write_tokenizer(directory):
 def reward(tokens):
     """The verifiable reward: the share of generated tokens with an even id."""
     return sum(t % 2 == 0 for t in tokens) / len(tokens)
-
-
-def rollout(llm, seed):
-    """GROUP_SIZE sampled completions per prompt, with vLLM's logprob of each sampled token and the prompt tokens it
-    served from its prefix cache."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(
-        n=GROUP_SIZE,
-        temperature=TEMPERATURE,
-        top_p=TOP_P,
-        max_tokens=NEW_TOKENS,
-        ignore_eos=True,
-        logprobs=0,  # only the sampled token's logprob
-        seed=seed,
-        detokenize=False,
-    )
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    groups, cached = [], []
-    for prompt, output in zip(PROMPTS, outputs):
-        cached.append(output.num_cached_tokens or 0)
-        samples = []
-        for completion in output.outputs:
-            tokens = list(completion.token_ids)
-            logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
-            samples.append({"prompt": prompt, "tokens": tokens, "logprobs": logprobs})
-        groups.append(samples)
-    return groups, sum(cached) / len(cached)
 
 
 def policy_logprobs(policy, groups, temperature, top_p=1.0):
@@ -176,44 +167,296 @@ def train_step(policy, optimizer, groups):
     return float(loss.detach()), float(torch.cat(rewards).mean()), mult_prob_error(old, current.detach())
 
 
-def model_runner(llm):
-    """The engine's model runner (engine core in this process)."""
-    engine = llm.llm_engine
-    executor = getattr(engine, "model_executor", None)
-    if executor is None:
-        executor = engine.engine_core.engine_core.model_executor
-    worker = executor.driver_worker
-    return getattr(worker, "worker", worker).model_runner
+class VllmEngine:
+    """vLLM's offline engine in this process (`LLM`, engine core in-process: its model is reachable), refit with
+    vLLM's own in-place reload."""
+
+    docs = "docs/rollout-parity.md, docs/refit.md"
+
+    def __init__(self, directory, dtype, verbose):
+        # The engine core in this process (before vLLM is imported): quicker on a laptop, and its model is reachable.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's CPU build: a fixed KV cache (GiB). Its default, a fraction of the memory node the process runs on,
+        # minus what the process already holds, is below zero on a machine whose node 0 is small (8 GiB seen here).
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        say("starting vLLM with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
+        with native_stderr_kept_back(verbose):
+            import vllm
+            from vllm import LLM
+
+        with native_stderr_kept_back(verbose):  # also the CPU build's NUMA binding notice at engine start
+            self.llm = LLM(
+                model=directory,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                max_model_len=256,
+                enforce_eager=True,
+                enable_prefix_caching=True,
+                gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
+            )
+        self.label = f"vLLM {vllm.__version__}"
+
+    def rollout(self, seed):
+        """GROUP_SIZE sampled completions per prompt, with vLLM's logprob of each sampled token and the prompt tokens
+        it served from its prefix cache."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=GROUP_SIZE,
+            temperature=TEMPERATURE,
+            top_p=TOP_P,
+            max_tokens=NEW_TOKENS,
+            ignore_eos=True,
+            logprobs=0,  # only the sampled token's logprob
+            seed=seed,
+            detokenize=False,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        groups, cached = [], []
+        for prompt, output in zip(PROMPTS, outputs):
+            cached.append(output.num_cached_tokens or 0)
+            samples = []
+            for completion in output.outputs:
+                tokens = list(completion.token_ids)
+                logprobs = [position[token].logprob for token, position in zip(tokens, completion.logprobs)]
+                samples.append({"prompt": prompt, "tokens": tokens, "logprobs": logprobs})
+            groups.append(samples)
+        return groups, sum(cached) / len(cached)
+
+    def model_runner(self):
+        """The engine's model runner (engine core in this process)."""
+        engine = self.llm.llm_engine
+        executor = getattr(engine, "model_executor", None)
+        if executor is None:
+            executor = engine.engine_core.engine_core.model_executor
+        worker = executor.driver_worker
+        return getattr(worker, "worker", worker).model_runner
+
+    def refit(self, policy):
+        """Push the policy's weights into the engine in place, as RL frameworks do before each rollout."""
+        runner = self.model_runner()
+        weights = [(name, tensor.detach()) for name, tensor in policy.state_dict().items()]
+        if hasattr(runner, "reload_weights"):
+            runner.reload_weights(weights_iterator=weights)  # vLLM's in-place reload (re-laid-out layers included)
+        else:
+            runner.model.load_weights(weights=weights)  # what NeMo RL, verl and TRL call
+
+    def reset_prefix_cache(self):
+        self.llm.reset_prefix_cache()
+
+    def shim_lines(self):
+        return []  # the engine runs in this process: its lines are this process's
+
+    def close(self):
+        pass
 
 
-def refit(llm, policy, moe):
-    """Push the policy's weights into the engine in place, as RL frameworks do before each rollout."""
-    runner = model_runner(llm)
-    weights = [(name, tensor.detach()) for name, tensor in policy.state_dict().items()]
-    if hasattr(runner, "reload_weights"):
-        runner.reload_weights(weights_iterator=weights)  # vLLM's in-place reload (the layers it re-laid out included)
-    else:
-        runner.model.load_weights(weights=weights)  # what NeMo RL, verl and TRL call
+class SglangServer:
+    """SGLang's HTTP server (`python -m sglang.launch_server`) in a subprocess of its own session, driven over HTTP as
+    NeMo RL, slime, verl and AReaL drive it. Its refit is the one of asynchronous RL on SGLang: a long rollout is still
+    generating when the new weights are ready (a partial rollout, kept across the refit as AReaL and slime keep one),
+    so generation is paused in place (SGLang keeps that rollout's KV), the policy saved by the trainer is loaded with
+    /update_weights_from_disk (AReaL's route; SGLang flushes its radix cache after it, by default) and generation
+    continues. The long rollout's tokens span two policies: the loss leaves them out."""
+
+    START_TIMEOUT_S = 900
+    docs = "docs/sglang.md"
+
+    def __init__(self, directory, dtype, verbose):
+        import torch
+
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "sglang.launch_server", "--model-path", directory, "--dtype", dtype]
+        command += ["--host", "127.0.0.1", "--port", str(self.port), "--random-seed", "0"]
+        command += [
+            "--context-length",
+            "1024",
+            "--max-total-tokens",
+            "8192",
+            "--log-level",
+            "info" if verbose else "error",
+        ]
+        env = dict(os.environ)
+        if not torch.cuda.is_available():
+            # SGLang's CPU platform: its own switch, and the options of its CPU path (PyTorch attention, no graphs).
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+            command += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+        self.log_path = os.path.join(directory, "sglang-server.log")
+        self.log = open(self.log_path, "w")
+        say(f"starting SGLang's HTTP server (~1-5 min on a CPU; its log: {self.log_path}) ...")
+        self.proc = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        self.wait_ready()
+        from importlib.metadata import version
+
+        self.label = f"SGLang {version('sglang')}"
+        self.said = set()
+        self.long_rollouts = []
+
+    def wait_ready(self):
+        started = time.monotonic()
+        while time.monotonic() - started < self.START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SGLang's server exited with {self.proc.poll()} while starting:\n{self.log_tail()}")
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            waited = time.monotonic() - started
+            if waited > 1 and int(waited) % 30 == 0:
+                say(f"... waiting for SGLang's server ({waited:.0f} s)")
+            time.sleep(1)
+        raise RuntimeError(f"SGLang's server was not up after {self.START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines=20):
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+    def post(self, path, body, timeout=600):
+        """(HTTP status, JSON body)."""
+        data = json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read().decode(errors="replace")
+                with contextlib.suppress(ValueError):
+                    return response.status, json.loads(text or "null")
+                return response.status, text  # /flush_cache answers in plain text
+        except urllib.error.HTTPError as error:
+            text = error.read().decode(errors="replace")
+            with contextlib.suppress(ValueError):
+                return error.code, json.loads(text)
+            return error.code, text
+        except (urllib.error.URLError, OSError) as error:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)  # a server going down drops the connection before it exits
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"SGLang's server died (exit code {code}); its log ends:\n{self.log_tail()}"
+                ) from None
+            raise RuntimeError(f"SGLang's server did not answer {path}: {error}") from None
+
+    def sampling(self, max_new_tokens):
+        return {"temperature": TEMPERATURE, "top_p": TOP_P, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+
+    def rollout(self, seed):
+        """GROUP_SIZE sampled completions per prompt in one batch request (native /generate with token ids, as NeMo RL
+        sends them), with SGLang's logprob of each sampled token and the prompt tokens it served from its radix cache.
+        SGLang seeds a request only in its deterministic mode: `seed` is not used."""
+        prompts = [prompt for prompt in PROMPTS for _ in range(GROUP_SIZE)]
+        body = {"input_ids": prompts, "sampling_params": self.sampling(NEW_TOKENS), "return_logprob": True}
+        status, outputs = self.post("/generate", body)
+        if status != 200:
+            raise RuntimeError(f"SGLang's /generate answered {status}: {outputs}")
+        groups, cached = [], []
+        for index, prompt in enumerate(PROMPTS):
+            samples = []
+            for output in outputs[index * GROUP_SIZE : (index + 1) * GROUP_SIZE]:
+                meta = output["meta_info"]
+                cached.append(int(meta.get("cached_tokens") or 0))
+                entries = meta["output_token_logprobs"]  # (logprob, token id, text) per generated token
+                tokens = [int(entry[1]) for entry in entries]
+                samples.append({"prompt": prompt, "tokens": tokens, "logprobs": [float(entry[0]) for entry in entries]})
+            groups.append(samples)
+        while self.long_rollouts:  # the long rollout ends before the next refit (its tokens are not trained on)
+            self.long_rollouts.pop().join(timeout=600)
+        return groups, sum(cached) / len(cached)
+
+    def start_long_rollout(self):
+        """A rollout of LONG_TOKENS (streamed: its first token says it runs), left to finish in a thread."""
+        body = {"input_ids": SYSTEM_PROMPT + LONG_QUESTION, "sampling_params": self.sampling(LONG_TOKENS)}
+        request = urllib.request.Request(
+            f"{self.url}/generate",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        response = urllib.request.urlopen(request, timeout=600)
+        response.readline()  # the first streamed chunk: the request is running
+
+        def drain():
+            with response:
+                for _line in response:
+                    pass
+
+        thread = threading.Thread(target=drain, daemon=True)
+        thread.start()
+        return thread
+
+    def refit(self, policy):
+        """The trainer saves the policy; SGLang loads it while a long rollout runs, paused in place (see the class)."""
+        path = os.path.join(self.directory, "policy-now")
+        policy.save_pretrained(path, safe_serialization=True)
+        self.long_rollouts.append(self.start_long_rollout())
+        self.post("/pause_generation", {"mode": "in_place"})
+        try:
+            status, out = self.post("/update_weights_from_disk", {"model_path": path})
+        finally:
+            self.post("/continue_generation", {})
+        message = out.get("message", "") if isinstance(out, dict) else str(out)
+        if status != 200 and message not in self.said:
+            # What asynchronous loops do with it: the weights went in (SGLang says so), so the rollouts go on.
+            self.said.add(message)
+            say(f"SGLang's weight update answered {status}: {message!r}; going on")
+
+    def reset_prefix_cache(self):
+        self.post("/flush_cache", {})
+
+    def shim_lines(self):
+        """The shim's lines in the server's log (its fixes act in SGLang's processes)."""
+        with open(self.log_path, errors="replace") as f:
+            return [line.strip() for line in f if "nrl_shim" in line]
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)  # the server's own session: its scheduler and detokenizer go with it
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
 
 
-def diagnose(llm, policy, moe, seed):
+def free_port():
+    """A free port well below 55535: SGLang derives more ports from its own (up to port + 10000)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 45000, 10)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-45000")
+
+
+ENGINES = {"vllm": VllmEngine, "sglang": SglangServer}
+
+
+def diagnose(engine, policy, seed):
     """Why the rollouts differ from the policy, measured: refit, sample the same requests with the prefix cache as it
     is and after a reset, and compare the engine's logprobs with the policy's at TEMPERATURE and at 1.0."""
     import torch
 
-    refit(llm, policy, moe)
+    engine.refit(policy)
     found = {}
     with torch.no_grad():
         for label in ("as cached", "after reset"):
             if label == "after reset":
-                llm.reset_prefix_cache()
-            groups, cached = rollout(llm, seed)
-            engine = engine_logprobs(groups)
+                engine.reset_prefix_cache()
+            groups, cached = engine.rollout(seed)
+            served = engine_logprobs(groups)
             found[label] = {
                 "cached": cached,
-                "at_T": mult_prob_error(engine, policy_logprobs(policy, groups, TEMPERATURE)),
-                "at_1": mult_prob_error(engine, policy_logprobs(policy, groups, 1.0)),
-                "truncated": mult_prob_error(engine, policy_logprobs(policy, groups, TEMPERATURE, TOP_P)),
+                "at_T": mult_prob_error(served, policy_logprobs(policy, groups, TEMPERATURE)),
+                "at_1": mult_prob_error(served, policy_logprobs(policy, groups, 1.0)),
+                "truncated": mult_prob_error(served, policy_logprobs(policy, groups, TEMPERATURE, TOP_P)),
             }
     fresh, kept = found["after reset"], found["as cached"]
     causes = []
@@ -307,18 +550,21 @@ def main():
         default="float32",
         help="the engine's dtype (the policy trains in float32; vLLM 0.9.1 on a CPU: float32 runs V0, bfloat16 V1)",
     )
-    parser.add_argument("--verbose", action="store_true", help="show vLLM's and transformers' own logs")
+    parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default="vllm",
+        help="the rollout engine: vLLM's LLM in this process (default), or SGLang's HTTP server (a dense policy)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="show the engine's and transformers' own logs")
     parser.add_argument("--json", metavar="PATH", help="write per-step numbers here")
     parser.add_argument("--top-p", type=float, default=1.0, help="sample with this top_p (default 1.0: off)")
     args = parser.parse_args()
+    if args.engine == "sglang" and args.moe:
+        parser.error("--moe: this example runs SGLang with a dense policy only (its MoE path was not run here)")
     global TOP_P
     TOP_P = args.top_p
     quiet_libraries(args.verbose)
-    # The engine core in this process (before vLLM is imported): quicker on a laptop, and its model is reachable.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    # vLLM's CPU build: a fixed KV cache (GiB). Its default, a fraction of the memory node the process runs on, minus
-    # what the process already holds, is below zero on a machine whose node 0 is small (8 GiB seen here).
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     shim_log = ShimLog()
     logging.getLogger("nrl_shim").addHandler(shim_log)
     import torch
@@ -328,62 +574,63 @@ def main():
         say(f"writing a tiny {kind} policy to {directory} ...")
         policy = write_policy(directory, args.moe).train()
         optimizer = torch.optim.Adam(policy.parameters(), lr=LEARNING_RATE)
-        say("starting vLLM with load_format='dummy', as RL frameworks do (~10-60 s on a CPU) ...")
-        with native_stderr_kept_back(args.verbose):
-            import vllm
-            from vllm import LLM
+        engine = ENGINES[args.engine](directory, args.dtype, args.verbose)
+        try:
+            return run_steps(args, engine, policy, optimizer, shim_log)
+        except RuntimeError as error:  # the engine failed under the job (SGLang's server died at a refit, ...)
+            print(f"VERDICT: FAILED — {error}", flush=True)
+            return 2
+        finally:
+            engine.close()
 
-        with native_stderr_kept_back(args.verbose):  # also the CPU build's NUMA binding notice at engine start
-            llm = LLM(
-                model=directory,
-                load_format="dummy",
-                skip_tokenizer_init=True,
-                dtype=args.dtype,
-                max_model_len=256,
-                enforce_eager=True,
-                enable_prefix_caching=True,
-                gpu_memory_utilization=0.05,  # on GPUs; the CPU build takes VLLM_CPU_KVCACHE_SPACE
-            )
-        say(
-            f"vLLM {vllm.__version__} ({args.dtype}); GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
-            f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}"
-            + (f", top_p={TOP_P}" if TOP_P < 1.0 else "")
-            + ", a refit before each rollout"
+
+def run_steps(args, engine, policy, optimizer, shim_log):
+    say(
+        f"{engine.label} ({args.dtype}); GRPO: {len(PROMPTS)} prompts ({len(SYSTEM_PROMPT)}-token shared system prompt) x "
+        f"{GROUP_SIZE} samples x {NEW_TOKENS} tokens at T={TEMPERATURE}"
+        + (f", top_p={TOP_P}" if TOP_P < 1.0 else "")
+        + ", a refit before each rollout"
+    )
+    print(f"{'step':>4}  {'reward':>6}  {'loss':>8}  {'cached/req':>10}  {'token_mult_prob_error':>21}", flush=True)
+    steps, last_bad = [], None
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        engine.refit(policy)  # the policy's current weights into the engine, before its rollouts
+        groups, cached = engine.rollout(seed=1000 + step)
+        weights_now = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
+        loss, mean_reward, error = train_step(policy, optimizer, groups)
+        if not error <= THRESHOLD:
+            last_bad = (step, weights_now)  # the policy this step's rollouts should have come from
+        seconds = time.perf_counter() - t0
+        steps.append(
+            {
+                "step": step,
+                "reward": mean_reward,
+                "loss": loss,
+                "cached": cached,
+                "token_mult_prob_error": error,
+                "seconds": seconds,
+            }
         )
-        print(f"{'step':>4}  {'reward':>6}  {'loss':>8}  {'cached/req':>10}  {'token_mult_prob_error':>21}", flush=True)
-        steps, last_bad = [], None
-        for step in range(args.steps):
-            t0 = time.perf_counter()
-            refit(llm, policy, args.moe)  # the policy's current weights into the engine, before its rollouts
-            groups, cached = rollout(llm, seed=1000 + step)
-            weights_now = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
-            loss, mean_reward, error = train_step(policy, optimizer, groups)
-            if not error <= THRESHOLD:
-                last_bad = (step, weights_now)  # the policy this step's rollouts should have come from
-            seconds = time.perf_counter() - t0
-            steps.append(
-                {
-                    "step": step,
-                    "reward": mean_reward,
-                    "loss": loss,
-                    "cached": cached,
-                    "token_mult_prob_error": error,
-                    "seconds": seconds,
-                }
-            )
-            print(f"{step:>4}  {mean_reward:>6.3f}  {loss:>8.4f}  {cached:>10.0f}  {error:>21.4f}", flush=True)
-        bad = [s for s in steps if not s["token_mult_prob_error"] <= THRESHOLD]
-        causes, checks = [], {}
-        if last_bad is not None:
-            # The check runs on the policy of the last step that mismatched (the one a stale prefix is furthest from).
-            policy.load_state_dict(last_bad[1])
-            causes, checks = diagnose(llm, policy, args.moe, seed=1000 + last_bad[0])
+        print(f"{step:>4}  {mean_reward:>6.3f}  {loss:>8.4f}  {cached:>10.0f}  {error:>21.4f}", flush=True)
+    bad = [s for s in steps if not s["token_mult_prob_error"] <= THRESHOLD]
+    causes, checks = [], {}
+    if last_bad is not None:
+        # The check runs on the policy of the last step that mismatched (the one a stale prefix is furthest from).
+        policy.load_state_dict(last_bad[1])
+        causes, checks = diagnose(engine, policy, seed=1000 + last_bad[0])
+    where = " and in the engine's processes" if engine.shim_lines() else ""
     shim_active = "nrl_shim" in sys.modules and sys.modules["nrl_shim"].is_active()
-    changed = sorted({m.split("]")[0] + "]" for level, m in shim_log.lines if level == "INFO" and "->" in m})
+    # What the fixes changed here and, for an engine in other processes (SGLang's server), there (its log's INFO
+    # lines of the shim, those saying "nothing to change" left out).
+    engine_lines = [line.split("INFO: ", 1)[1] for line in engine.shim_lines() if "INFO: [" in line]
+    lines = [m for level, m in shim_log.lines if level == "INFO" and "->" in m]
+    lines += [m for m in engine_lines if "nothing to change" not in m]
+    changed = sorted({m.split("]")[0] + "]" for m in lines if m.startswith("[")})
     print(
         "nrl-shim: "
         + (
-            f"active; {len(changed)} fix(es) changed something here: {', '.join(changed)}"
+            f"active; {len(changed)} fix(es) changed something here{where}: {', '.join(changed)}"
             if shim_active
             else "not active"
         )
@@ -399,11 +646,12 @@ def main():
         for cause in causes:
             print(f"  - {cause}")
         if not shim_active:
-            print("  Run it under `nrl-shim run --` (the fixes: docs/rollout-parity.md, docs/refit.md).")
+            print(f"  Run it under `nrl-shim run --` (the fixes: {engine.docs}).")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {
+                    "engine": args.engine,
                     "moe": args.moe,
                     "dtype": args.dtype,
                     "top_p": TOP_P,

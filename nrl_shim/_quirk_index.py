@@ -367,6 +367,17 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.nemo_rl_rewrites",
+        "sglang-nemo-rl-rewrites",
+        (
+            "sglang.srt.utils.common",
+            "sglang.srt.distributed.device_communicators.custom_all_reduce_v2",
+            "nemo_rl.models.generation.sglang.utils.patches",
+        ),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

@@ -18,6 +18,8 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
   parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
+- {"kind": "nemo_rl_update", "model_path": dir}: NeMo RL HEAD's refit of the checkpoint in `dir` (nemo_rl_update's
+  docstring; NeMo RL's source on PYTHONPATH): {"ok": bool, "error": NeMo RL's error};
 - {"kind": "group", "prompt": ids, "n": k, "max_tokens": n, "lead": bool}: k concurrent sampled requests of one prompt
   (a GRPO group; with `lead`, one first and the k-1 others once it is done; with `one_at_a_time`, each once the one
   before is done): their generated tokens, cached prompt
@@ -268,6 +270,41 @@ def update_while_running(server, case):
     }
 
 
+def nemo_rl_update(server, case):
+    """NeMo RL HEAD's own refit of its SGLang servers (nemo_rl.models.policy.utils.stream_weights_via_http_impl: the
+    checkpoint's tensors in flattened buckets of NeMo RL's classes, POSTed to /update_weights_from_tensor with
+    `load_format="flattened_bucket"`, `flush_cache=False`, then GET /flush_cache retried), from this process as NeMo
+    RL's policy worker sends them. Its one CUDA call, `param.cuda()` (the bucket then goes by CUDA IPC), is a
+    stand-in here returning the CPU tensor, which the same ForkingPickler then shares through shared memory: by file
+    name (torch's `file_system` strategy), since SGLang's scheduler is no child of this process and may not fetch a
+    file descriptor from it (multiprocessing's resource sharer checks the parent's authkey). The process group is
+    real (gloo, one rank), as is everything else."""
+    import torch
+    import torch.distributed as dist
+    from nemo_rl.models.policy.utils import stream_weights_via_http_impl
+    from safetensors.torch import load_file
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # stand-in for the CUDA copy (no GPU here)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    weights = load_file(os.path.join(case["model_path"], "model.safetensors"))
+    try:
+        stream_weights_via_http_impl(
+            params_generator=iter(sorted(weights.items())),
+            rollout_engine_urls=[server.url],
+            num_gpus_per_engine=1,
+            rank=0,
+            world_size=1,
+            worker_name="policy",
+            buffer_size_bytes=case.get("bucket_bytes", 1 << 19),  # several buckets for the tiny model
+            worker_state={},
+        )
+    except Exception as error:  # NeMo RL's own error: the update failed
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
+    return {"ok": True}
+
+
 def group(server, case):
     results = [None] * case["n"]
     sample = {"prompt": case["prompt"], "max_tokens": case["max_tokens"], "sampling": {"temperature": 1.0}}
@@ -312,6 +349,7 @@ CASES = {
     "chat": chat,
     "sample": generate,
     "group": group,
+    "nemo_rl_update": nemo_rl_update,
 }
 
 
