@@ -57,9 +57,9 @@ QUESTIONS = [[5, 17, 42, 7], [100, 3, 9, 61], [11, 12, 13, 14], [300, 1, 2, 3]] 
 PROMPTS = [SYSTEM_PROMPT + question for question in QUESTIONS]
 GROUP_SIZE = 8
 NEW_TOKENS = 8
-# --engine sglang: the rollout still generating at each refit (a partial rollout; ~2 s of decode on a CPU)
+# --engine sglang: the rollout still generating at each refit (a partial rollout; ~3 s of decode on a CPU)
 LONG_QUESTION = [400, 401, 402, 403]
-LONG_TOKENS = 512
+LONG_TOKENS = 850  # with the 140-token prompt, within the model's 1024 positions
 TEMPERATURE = 0.7
 TOP_P = 1.0  # --top-p: nucleus sampling, as many GRPO recipes use (0.8-0.95); the trainer scores the full vocabulary
 LEARNING_RATE = 1e-2
@@ -402,6 +402,7 @@ class SglangServer:
             # What asynchronous loops do with it: the weights went in (SGLang says so), so the rollouts go on.
             self.said.add(message)
             say(f"SGLang's weight update answered {status}: {message!r}; going on")
+        return status
 
     def reset_prefix_cache(self):
         self.post("/flush_cache", {})
@@ -595,7 +596,7 @@ def run_steps(args, engine, policy, optimizer, shim_log):
     steps, last_bad = [], None
     for step in range(args.steps):
         t0 = time.perf_counter()
-        engine.refit(policy)  # the policy's current weights into the engine, before its rollouts
+        refit_status = engine.refit(policy)  # the policy's current weights into the engine, before its rollouts
         groups, cached = engine.rollout(seed=1000 + step)
         weights_now = {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
         loss, mean_reward, error = train_step(policy, optimizer, groups)
@@ -610,6 +611,7 @@ def run_steps(args, engine, policy, optimizer, shim_log):
                 "cached": cached,
                 "token_mult_prob_error": error,
                 "seconds": seconds,
+                "refit_status": refit_status,  # SGLang: the update's HTTP status (400: applied, cache not flushed)
             }
         )
         print(f"{step:>4}  {mean_reward:>6.3f}  {loss:>8.4f}  {cached:>10.0f}  {error:>21.4f}", flush=True)

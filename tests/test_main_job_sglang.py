@@ -5,8 +5,8 @@ place, /update_weights_from_disk (with SGLang's flush), generation continued.
 
 Without the shim: on 0.5.22+ SGLang answers the update with 400 "Weights were updated, but the cache was not flushed"
 and the next rollouts take the shared prompt from the radix cache, computed with the previous weights: step 0 matches
-(its refit writes the weights the server already has), every later step mismatches and the job's own check names
-stale KV; on 0.5.12.post1 (NeMo RL's pin, `nox -s sglang_nemo_rl`) the scheduler asserts at the first refit and the
+(its refit writes the weights the server already has), every later step whose update SGLang refused mismatches (on a
+quiet machine all three) and the job's own check names stale KV; on 0.5.12.post1 (NeMo RL's pin, `nox -s sglang_nemo_rl`) the scheduler asserts at the first refit and the
 server dies, and the job says so. Under the shim every step matches, and the radix fix is named.
 Measured on 2 cores: ~50 s a run (the server up in ~20 s).
 """
@@ -29,7 +29,13 @@ def test_main_job_on_sglang_mismatches_without_the_shim_and_matches_with_it(tmp_
     if Version(SGLANG_VERSION or "0") >= Version("0.5.22"):
         assert proc.returncode == 1 and "VERDICT: MISMATCH" in out, out + proc.stderr[-3000:]
         assert "weight update answered 400" in out and "cache was not flushed" in out, out
-        assert len(errors) == 4 and errors[0] <= THRESHOLD < min(errors[1:]), errors
+        assert len(errors) == 4 and errors[0] <= THRESHOLD, errors
+        # A step whose refit SGLang answered 400 (the long rollout was running: the flush refused) mismatches. On a
+        # loaded machine the long rollout may be over before the pause (its stream lags behind the scheduler): then
+        # the flush goes through and that step rightly matches; most steps meet the refusal.
+        refused = [step for step in record["steps"][1:] if step["refit_status"] == 400]
+        assert len(refused) >= 2, record["steps"]
+        assert all(step["token_mult_prob_error"] > THRESHOLD for step in refused), record["steps"]
         assert record["causes"] and record["causes"][0].startswith("stale KV"), record["causes"]
         kept, fresh = record["checks"]["as cached"], record["checks"]["after reset"]
         assert kept["cached"] > 100 and kept["at_T"] > THRESHOLD >= fresh["at_T"], record["checks"]
@@ -37,12 +43,14 @@ def test_main_job_on_sglang_mismatches_without_the_shim_and_matches_with_it(tmp_
         assert proc.returncode == 2 and "VERDICT: FAILED — SGLang's server died" in out, out + proc.stderr[-3000:]
         assert "Cache flush failed after updating weights" in out, out
 
-    proc, errors = run_main_job(tmp_path, True, *OPTIONS, env=sglang_env())
+    record = {}
+    proc, errors = run_main_job(tmp_path, True, *OPTIONS, env=sglang_env(), record=record)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert len(out.splitlines()) <= 25, out  # README shows it whole
     assert "VERDICT: OK — the rollouts come from the policy at every step" in out, out
     assert len(errors) == 4 and max(errors) < THRESHOLD, errors
     assert "answered 400" not in out, out  # the update's success says what the engine serves
+    assert [step["refit_status"] for step in record["steps"]] == [200] * 4, record["steps"]
     active = next(line for line in out.splitlines() if line.startswith("nrl-shim: active"))
     assert "[sglang-radix-cache-refit]" in active, active

@@ -18,9 +18,7 @@ refit, and dense models, are untouched. Not covered: a write into the expert par
 (a direct `copy_`), and IPEX's MoE on Intel GPUs (XPU; read in the wheels, not run).
 """
 
-TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
-if TYPE_CHECKING:
-    from typing import Any
+from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
 
 ID = "vllm-cpu-moe-refit"
 SUMMARY = (
@@ -54,12 +52,10 @@ def patch(module, settings):
 
 
 def unpatch(module):
-    from nrl_shim.patching import unwrap, unwrap_instance
+    from nrl_shim.patching import unwrap
 
     unwrap(module.BaseModelLoader, "load_model", ID)
-    for model in list(_watched()):
-        unwrap_instance(model, "load_weights", ID)
-        _watched().discard(model)
+    _MODELS.unwatch_all()
 
 
 def describe(settings, version):
@@ -67,18 +63,6 @@ def describe(settings, version):
         "vLLM's CPU build: after each model.load_weights refit, IPEX's fused-MoE layers repack the refit's expert "
         "weights at their next forward (not covered: writes that bypass load_weights; Intel GPUs)"
     )
-
-
-_WATCHED: "Any" = None  # WeakSet of the models whose load_weights is wrapped (for unpatch)
-
-
-def _watched():
-    global _WATCHED
-    if _WATCHED is None:
-        import weakref
-
-        _WATCHED = weakref.WeakSet()
-    return _WATCHED
 
 
 def ipex_moe_modules(model):
@@ -96,23 +80,12 @@ def _load_model_wrapper(wrapped, instance, args, kwargs):
     model = wrapped(*args, **kwargs)
     try:
         if ipex_moe_modules(model):
-            from nrl_shim.patching import is_instance_wrapped, wrap_instance
-
-            if not is_instance_wrapped(model, "load_weights", ID):
-                wrap_instance(model, "load_weights", _load_weights_wrapper, ID)  # this model only
-                _watched().add(model)
+            _MODELS.watch(model)  # this model's load_weights only
     except Exception as error:  # never break a load over this
         from nrl_shim import report
 
         report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
     return model
-
-
-def _load_weights_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # a failed call may have written some experts: repack either way
-        _repack_at_next_forward(instance)
 
 
 def _repack_at_next_forward(model):
@@ -139,3 +112,8 @@ def _repack_at_next_forward(model):
         _WHY,
         later=("[%s] refit: %d IPEX MoE layer(s) repack at the next forward", ID, len(built)),
     )
+
+
+# Models with IPEX fused-MoE layers: after each load_weights call (a failed one may have written some experts too),
+# their kernels are repacked at the next forward.
+_MODELS = ModelWatch(ID, after_refit=_repack_at_next_forward)

@@ -31,9 +31,7 @@ How (one engine = one scheduler, which owns the cache; the model may live in ano
   nothing to do, nothing logged.
 """
 
-TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
-if TYPE_CHECKING:
-    from typing import Any
+from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
 
 ID = "vllm-prefix-cache-refit"
 SUMMARY = "After a refit, drop vLLM's prefix cache before the next step (running requests keep their KV)"
@@ -64,8 +62,7 @@ WHAT = "vLLM prefix cache after a refit"
 _CACHING_METHODS = ("cache_full_blocks", "cache_partial_block")
 # This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
 # can't tell its refits: the engine core then assumes one after each RPC).
-_LOCAL = {"refits": 0, "models": 0}
-_WATCHED: "Any" = None  # WeakSet of watched models (for unpatch), created on first use
+_MODELS = ModelWatch(ID)
 
 
 def patch(module, settings):
@@ -91,8 +88,7 @@ def unpatch(module):
     name = module.__name__
     if name.endswith(".base_loader"):
         unwrap(module.BaseModelLoader, "load_model", ID)
-        for model in list(_WATCHED or ()):
-            _unwatch(model)
+        _MODELS.unwatch_all()
     elif name.endswith(".core"):
         unwrap(module.EngineCore, "collective_rpc", ID)
     elif name.endswith(".scheduler"):
@@ -117,7 +113,7 @@ def describe(settings, version):
 def _load_model_wrapper(wrapped, instance, args, kwargs):
     model = wrapped(*args, **kwargs)
     try:
-        _watch(model)
+        _MODELS.watch(model)  # its load_weights, on the instance: other models and fixes' layers untouched
     except Exception as error:  # never break a load over this
         from nrl_shim import report
 
@@ -125,41 +121,10 @@ def _load_model_wrapper(wrapped, instance, args, kwargs):
     return model
 
 
-def _watch(model):
-    global _WATCHED
-    import weakref
-
-    from nrl_shim.patching import is_instance_wrapped, wrap_instance
-
-    if is_instance_wrapped(model, "load_weights", ID) or not callable(getattr(model, "load_weights", None)):
-        return
-    # On the instance (the class and other models stay untouched); other fixes' layers there are left as they are.
-    wrap_instance(model, "load_weights", _load_weights_wrapper, ID)
-    if _WATCHED is None:
-        _WATCHED = weakref.WeakSet()
-    _WATCHED.add(model)
-    _LOCAL["models"] += 1
-
-
-def _load_weights_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # a failed call may have written some tensors: still a refit
-        _LOCAL["refits"] += 1
-
-
-def _unwatch(model):
-    from nrl_shim.patching import unwrap_instance
-
-    unwrap_instance(model, "load_weights", ID)
-    _WATCHED.discard(model)
-    _LOCAL["models"] -= 1
-
-
 def worker_refits(worker=None):
     """Run in each worker by the engine core (collective_rpc passes the worker): this process's refit count, or None
     when no model here is watched (the shim is not active in that worker)."""
-    return _LOCAL["refits"] if _LOCAL["models"] else None
+    return _MODELS.refits if len(_MODELS) else None
 
 
 # --- where the cache lives: the engine core's scheduler ---
@@ -169,7 +134,7 @@ class _EngineState:
     """Per scheduler: what the shim knows of refits since the last successful reset."""
 
     def __init__(self):
-        self.local_seen = _LOCAL["refits"]
+        self.local_seen = _MODELS.refits
         self.worker_counts = None  # the workers' counts at the last query
         self.pending = None  # why a reset is due, or None
         self.ours = False  # inside our own reset_prefix_cache() call
@@ -181,8 +146,8 @@ class _EngineState:
         )
 
     def absorb_local(self):
-        if _LOCAL["refits"] != self.local_seen:
-            self.local_seen = _LOCAL["refits"]
+        if _MODELS.refits != self.local_seen:
+            self.local_seen = _MODELS.refits
             self.pending = self.pending or "the model was refit in this process"
 
 

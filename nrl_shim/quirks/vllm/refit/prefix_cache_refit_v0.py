@@ -22,9 +22,7 @@ How (V0: the scheduler lives in the LLMEngine's process; the model there too wit
   prefix caching off.
 """
 
-TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
-if TYPE_CHECKING:
-    from typing import Any
+from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
 
 ID = "vllm-prefix-cache-refit-v0"
 SUMMARY = "After a refit, reset vLLM V0's prefix cache before the next step (V0: vLLM < 0.11, e.g. 0.9.1 on CPU)"
@@ -45,8 +43,7 @@ REQUIRES = (
 WHAT = "vLLM V0 prefix cache after a refit"
 _V0_ENGINE_MODULE = "vllm.engine.llm_engine"
 # This process's refits: calls of a watched model's load_weights, and how many models are watched.
-_LOCAL = {"refits": 0, "models": 0}
-_WATCHED: "Any" = None  # WeakSet of watched models (for unpatch), created on first use
+_MODELS = ModelWatch(ID)
 
 
 def _patch_loader(module, settings):
@@ -59,8 +56,7 @@ def _unpatch_loader(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.BaseModelLoader, "load_model", ID)
-    for model in list(_WATCHED or ()):
-        _unwatch(model)
+    _MODELS.unwatch_all()
 
 
 def _patch_scheduler(module, settings):
@@ -120,7 +116,7 @@ def describe(settings, version):
 def _load_model_wrapper(wrapped, instance, args, kwargs):
     model = wrapped(*args, **kwargs)
     try:
-        _watch(model)
+        _MODELS.watch(model)  # its load_weights, on the instance: other models and fixes' layers untouched
     except Exception as error:  # never break a load over this
         from nrl_shim import report
 
@@ -128,40 +124,10 @@ def _load_model_wrapper(wrapped, instance, args, kwargs):
     return model
 
 
-def _watch(model):
-    global _WATCHED
-    import weakref
-
-    from nrl_shim.patching import is_instance_wrapped, wrap_instance
-
-    if is_instance_wrapped(model, "load_weights", ID) or not callable(getattr(model, "load_weights", None)):
-        return
-    wrap_instance(model, "load_weights", _load_weights_wrapper, ID)  # this model only; other fixes' layers stay
-    if _WATCHED is None:
-        _WATCHED = weakref.WeakSet()
-    _WATCHED.add(model)
-    _LOCAL["models"] += 1
-
-
-def _load_weights_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # a failed call may have written some tensors: still a refit
-        _LOCAL["refits"] += 1
-
-
-def _unwatch(model):
-    from nrl_shim.patching import unwrap_instance
-
-    unwrap_instance(model, "load_weights", ID)
-    _WATCHED.discard(model)
-    _LOCAL["models"] -= 1
-
-
 def worker_refits(worker=None):
     """Run in each worker by the engine (collective_rpc passes the worker): this process's refit count, or None when
     no model here is watched (the shim is not active in that worker)."""
-    return _LOCAL["refits"] if _LOCAL["models"] else None
+    return _MODELS.refits if len(_MODELS) else None
 
 
 # --- where the cache lives: the engine's scheduler(s) ---
@@ -171,15 +137,15 @@ class _SchedulerState:
     """Per scheduler: what the shim knows of refits since the last successful reset."""
 
     def __init__(self):
-        self.local_seen = _LOCAL["refits"]
+        self.local_seen = _MODELS.refits
         self.pending = None  # why a reset is due, or None
         self.ours = False  # inside our own reset_prefix_cache() call
         self.resets = 0
         self.kinds_logged = set()
 
     def absorb_local(self):
-        if _LOCAL["refits"] != self.local_seen:
-            self.local_seen = _LOCAL["refits"]
+        if _MODELS.refits != self.local_seen:
+            self.local_seen = _MODELS.refits
             self.pending = self.pending or "the model was refit in this process"
 
 
