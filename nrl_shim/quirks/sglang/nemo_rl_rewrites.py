@@ -48,11 +48,7 @@ VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
 _COMMON = "sglang.srt.utils.common"
 _ALL_REDUCE = "sglang.srt.distributed.device_communicators.custom_all_reduce_v2"
 _NEMO_RL = "nemo_rl.models.generation.sglang.utils.patches"
-REQUIRES = (
-    f"{_COMMON}:SafeUnpickler.find_class(module, name)",
-    f"{_NEMO_RL}:_patch_sglang_safe_unpickler",
-    f"{_NEMO_RL}:_patch_sglang_custom_all_reduce_v2_tms_cudagraph",
-)
+REQUIRES = (f"{_COMMON}:SafeUnpickler.find_class(module, name)",)
 # The one global added to SGLang's unpickler: NeMo RL's copy of SGLang's FlattenedTensorMetadata.
 NEMO_RL_METADATA = ("nemo_rl.models.generation.sglang.utils.train_utils", "FlattenedTensorMetadata")
 # What marks a custom_all_reduce_v2.py that has sglang#27948 (0.5.2x reads it there).
@@ -169,17 +165,27 @@ def _tms_capture_flag_wrapper(wrapped, instance, args, kwargs):
 
 
 def _patch_nemo_rl(module, settings):
+    from nrl_shim import report
     from nrl_shim.patching import wrap
 
-    wrap(module, "_patch_sglang_safe_unpickler", _skip_unpickler_rewrite, ID)
-    wrap(module, "_patch_sglang_custom_all_reduce_v2_tms_cudagraph", _skip_all_reduce_rewrite, ID)
+    for name, wrapper in _NEMO_RL_REWRITES.items():
+        if callable(getattr(module, name, None)):
+            wrap(module, name, wrapper, ID)
+        else:  # another NeMo RL: its own code decides (a REQUIRES name would skip the whole fix for it)
+            report.warn_once(
+                ID,
+                name,
+                f"[{ID}] {module.__name__} has no {name}: that rewrite of this NeMo RL is not taken over (if it "
+                "rewrites SGLang's files another way, it still does); SGLang's side of the fix acts as before",
+            )
 
 
 def _unpatch_nemo_rl(module):
     from nrl_shim.patching import unwrap
 
-    unwrap(module, "_patch_sglang_safe_unpickler", ID)
-    unwrap(module, "_patch_sglang_custom_all_reduce_v2_tms_cudagraph", ID)
+    for name in _NEMO_RL_REWRITES:
+        if hasattr(module, name):
+            unwrap(module, name, ID)
 
 
 def _sglang_file_has(relative_path: str, marker: str) -> "bool | None":
@@ -225,6 +231,11 @@ def _skip_all_reduce_rewrite(wrapped, instance, args, kwargs):
         _WHY,
     )
 
+
+_NEMO_RL_REWRITES = {
+    "_patch_sglang_safe_unpickler": _skip_unpickler_rewrite,
+    "_patch_sglang_custom_all_reduce_v2_tms_cudagraph": _skip_all_reduce_rewrite,
+}
 
 TARGETS = {
     _COMMON: (_patch_common, _unpatch_common),
