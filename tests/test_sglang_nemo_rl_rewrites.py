@@ -54,6 +54,7 @@ pytestmark = [
     pytest.mark.skipif(TOO_NEW is not None, reason=TOO_NEW or ""),
 ]
 FIX = "[sglang-nemo-rl-rewrites]"
+REWRITTEN = ("srt/utils/common.py", "srt/distributed/device_communicators/custom_all_reduce_v2.py")  # NeMo RL's two
 
 
 def env(shim, extra=None):
@@ -72,7 +73,7 @@ def sglang_copy(root):
     import importlib.util
 
     installed = next(iter(importlib.util.find_spec("sglang").submodule_search_locations))
-    for name in ("srt/utils/common.py", "srt/distributed/device_communicators/custom_all_reduce_v2.py"):
+    for name in REWRITTEN:
         target = root / "sglang" / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(os.path.join(installed, name), target)
@@ -80,15 +81,15 @@ def sglang_copy(root):
     return str(root)
 
 
+def run_child(tmp_path, run, shim, extra_env=None):
+    """tests/children/sglang_nemo_rl_rewrites.py with `run`, the shim on or off: its JSON output."""
+    out, _ = run_case(child_path("sglang_nemo_rl_rewrites"), run, tmp_path, env=env(shim, extra_env), timeout=300)
+    return out
+
+
 def test_nemo_rl_rewrites_land_in_sglang_files_without_the_shim(tmp_path):
     copy = sglang_copy(tmp_path / "copy")
-    out, _ = run_case(
-        child_path("sglang_nemo_rl_rewrites"),
-        {"mode": "rewrites", "sglang_root": copy, "shim": False},
-        tmp_path,
-        env=env(False),
-        timeout=300,
-    )
+    out = run_child(tmp_path, {"mode": "rewrites", "sglang_root": copy, "shim": False}, shim=False)
     assert out["root"].startswith(copy), out
     assert out["error"] is None, out
     changed = [name for name in out["before"] if out["before"][name] != out["after"][name]]
@@ -97,13 +98,7 @@ def test_nemo_rl_rewrites_land_in_sglang_files_without_the_shim(tmp_path):
 
 def test_nemo_rl_rewrites_write_nothing_under_the_shim(tmp_path):
     before = snapshot(sys.executable)
-    out, _ = run_case(
-        child_path("sglang_nemo_rl_rewrites"),
-        {"mode": "rewrites", "sglang_root": None, "shim": True},
-        tmp_path,
-        env=env(True),
-        timeout=300,
-    )
+    out = run_child(tmp_path, {"mode": "rewrites", "sglang_root": None, "shim": True}, shim=True)
     assert out["shim_active"] and out["wrapped"], out
     assert out["error"] is None, out
     assert out["before"] == out["after"], out
@@ -115,13 +110,7 @@ def test_nemo_rl_rewrites_write_nothing_under_the_shim(tmp_path):
 
 @pytest.mark.parametrize("shim", [False, True], ids=["no-shim", "shim"])
 def test_all_reduce_capture_flag_off_with_torch_memory_saver_graphs(tmp_path, shim):
-    out, _ = run_case(
-        child_path("sglang_nemo_rl_rewrites"),
-        {"mode": "capture"},
-        tmp_path,
-        env=env(shim, {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"}),
-        timeout=300,
-    )
+    out = run_child(tmp_path, {"mode": "capture"}, shim, {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "1"})
     assert out["inside"] == ([False] if shim else [True]), out  # the flag while the graph is captured
     assert out["flags"] == out["inside"] + [False], out
     if shim:
@@ -129,7 +118,7 @@ def test_all_reduce_capture_flag_off_with_torch_memory_saver_graphs(tmp_path, sh
 
 
 @pytest.fixture(scope="module")
-def refits():
+def refits(tmp_path_factory):
     """NeMo RL's refit to checkpoint B of a server holding A, then the prompt: without and with the shim."""
     paths = checkpoints()
     cases = [
@@ -139,7 +128,7 @@ def refits():
     ]
     out = {}
     for shim in (False, True):
-        root = tmp_root(shim)
+        root = tmp_path_factory.mktemp(f"nemo-rl-refit-{'shim' if shim else 'plain'}")
         out[shim], _ = run_case(
             child_path("sglang_server"),
             {"model_path": paths["A"], "args": _server_args(), "cases": cases},
@@ -150,13 +139,6 @@ def refits():
         )
         print(f"NeMo RL refit ({'shim' if shim else 'no shim'}): {out[shim]['cases']}", file=sys.stderr)
     return out
-
-
-def tmp_root(shim):
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-nemo-rl-{'shim' if shim else 'plain'}-"))
 
 
 def test_nemo_rl_refit_fails_without_the_shim_and_lands_with_it(refits):
