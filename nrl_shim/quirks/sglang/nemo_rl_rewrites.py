@@ -209,7 +209,7 @@ def _skip_unpickler_rewrite(wrapped, instance, args, kwargs):
         ID,
         "NeMo RL's rewrite of sglang/srt/utils/common.py (SafeUnpickler allowlist)",
         "written into site-packages",
-        "not written: NeMo RL's FlattenedTensorMetadata is allowed in memory in every SGLang process",
+        "not written: NeMo RL's FlattenedTensorMetadata is allowed in memory in every SGLang process the shim runs in",
         _WHY,
     )
 
@@ -221,7 +221,7 @@ def _skip_all_reduce_rewrite(wrapped, instance, args, kwargs):
     after = (
         "not written: this SGLang release has sglang#27948 (NeMo RL's anchors are gone; its rewrite would raise)"
         if has_fix or has_fix is None
-        else "not written: the backport is applied in memory in every SGLang process"
+        else "not written: the backport is applied in memory in every SGLang process the shim runs in"
     )
     report.changed(
         ID,
