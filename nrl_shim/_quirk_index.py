@@ -378,6 +378,18 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.weightless_resume_guard",
+        "sglang-weightless-resume-guard",
+        (
+            "sglang.srt.utils.torch_memory_saver_adapter",
+            "sglang.srt.managers.scheduler",
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

@@ -43,12 +43,24 @@ GROUP_CASES = [
     ("group_of_8", {"kind": "group", "prompt": GROUP_PROMPT, "n": GROUP, "max_tokens": 12, "one_at_a_time": True})
 ]
 
+# The GPU given back and taken again as RL frameworks do between rollouts (all tags: weights, KV cache, CUDA graphs),
+# without a CPU backup; a request before the refit, the refit (B again, with its flush), a request after it. Before the
+# requests run while the update comes: without the shim 0.5.12.post1's server is gone after those.
+RESUME_CASES = [
+    ("release", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
+    ("resume", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
+    ("after_resume", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("update_after_resume", {"kind": "update_from_disk", "model_path": "B", "flush_cache": True}),
+    ("after_resume_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     ("update_b_no_flush", {"kind": "update_from_disk", "model_path": "B", "flush_cache": False}),
     ("after_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     ("follower", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    *RESUME_CASES,
     # before the update while requests run: without the shim 0.5.12.post1's scheduler asserts there and the server dies
     *CHAT_CASES,
     *SAMPLE_CASES,
@@ -102,8 +114,9 @@ def _server_args():
             args.append(option)
         else:
             args += [option, str(value)]
-    # the 4 running requests (4 x 3100 tokens) next to the cached prompts; launch_server takes the last of an option
-    return [*args, "--max-total-tokens", "16384", "--context-length", str(CONTEXT)]
+    # the 4 running requests (4 x 3100 tokens) next to the cached prompts; launch_server takes the last of an option.
+    # The memory saver on, as NeMo RL, verl and slime start SGLang (torch_memory_saver's stand-in: tests/sglang_cpu).
+    return [*args, "--max-total-tokens", "16384", "--context-length", str(CONTEXT), "--enable-memory-saver"]
 
 
 @functools.cache

@@ -12,6 +12,8 @@ SGLang's scheduler and detokenizer processes. The shim reaches each process thro
 Cases, each on the server as the cases before it left it (weights and radix cache included):
 - {"kind": "generate", "prompt": ids, "max_tokens": n}: native /generate, greedy: tokens, logprobs, cached tokens;
 - {"kind": "update_from_disk", "model_path": dir, "flush_cache": bool}: /update_weights_from_disk;
+- {"kind": "post", "path": "/...", "body": {...}}: one POST of `body` (release/resume_memory_occupation): its status
+  and answer;
 - {"kind": "update_while_running", "model_path": dir, "requests": k, "prompt": ids, "max_tokens": n}: k requests
   started, the generation paused in place once they run (slime's and verl's way), /update_weights_from_disk with
   its flush (SGLang's default), generation continued, the k requests awaited;
@@ -237,6 +239,11 @@ def update_from_disk(server, case):
     return {"status": status, "body": out}
 
 
+def post(server, case):
+    status, out = server.post(case["path"], case.get("body", {}))
+    return {"status": status, "body": out}
+
+
 def update_while_running(server, case):
     results = [None] * case["requests"]
 
@@ -345,6 +352,7 @@ def chat(server, case):
 CASES = {
     "generate": generate,
     "update_from_disk": update_from_disk,
+    "post": post,
     "update_while_running": update_while_running,
     "chat": chat,
     "sample": generate,

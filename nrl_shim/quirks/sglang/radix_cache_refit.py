@@ -27,7 +27,7 @@ tier that does use extra_key (HiCache 0.5.20+) shared by several engines is name
 engines updated alike share it (the RL case: every engine gets every update).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED, _weight_updates
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -44,21 +44,10 @@ LIBRARY = "sglang"
 # not declared yet (not run).
 VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
 _BATCH = "sglang.srt.managers.schedule_batch"
-_MIXIN = "sglang.srt.managers.scheduler_update_weights_mixin"  # up to 0.5.12.post1
-_MANAGER = "sglang.srt.managers.scheduler_components.weight_updater"  # 0.5.13+
-_UPDATES = (
-    "update_weights_from_tensor",
-    "update_weights_from_distributed",
-    "update_weights_from_disk",
-    "update_weights_from_ipc",
-)
 REQUIRES = (
     f"{_BATCH}:Req.__init__",
     f"{_BATCH}:Req.finished",
-    *(f"{_MIXIN}:SchedulerUpdateWeightsMixin.{name}(recv_req)" for name in _UPDATES),
-    f"{_MIXIN}:SchedulerUpdateWeightsMixin.flush_cache_after_weight_update(recv_req)",
-    *(f"{_MANAGER}:SchedulerWeightUpdaterManager.{name}(recv_req)" for name in _UPDATES),
-    f"{_MANAGER}:SchedulerWeightUpdaterManager.flush_cache_after_weight_update(recv_req)",
+    *_weight_updates.requires("flush_cache_after_weight_update"),
 )
 
 WHAT = "SGLang radix cache after a weight update"
@@ -88,34 +77,21 @@ def unpatch_batch(module):
     _STATE["version"] = 0
 
 
-def _patch_updates(owner):
+def _patch_updates(owner, settings):
     from nrl_shim.patching import wrap
 
-    for name in _UPDATES:
-        if hasattr(owner, name):
-            wrap(owner, name, _update_wrapper, ID)
+    _weight_updates.wrap_updates(owner, _update_wrapper, ID)
     wrap(owner, "flush_cache_after_weight_update", _flush_after_update_wrapper, ID)
 
 
 def _unpatch_updates(owner):
     from nrl_shim.patching import unwrap
 
-    for name in (*_UPDATES, "flush_cache_after_weight_update"):
-        if hasattr(owner, name):
-            unwrap(owner, name, ID)
+    _weight_updates.unwrap_updates(owner, ID)
+    unwrap(owner, "flush_cache_after_weight_update", ID)
 
 
-TARGETS = {
-    _BATCH: (patch_batch, unpatch_batch),
-    _MIXIN: (
-        lambda module, settings: _patch_updates(module.SchedulerUpdateWeightsMixin),
-        lambda module: _unpatch_updates(module.SchedulerUpdateWeightsMixin),
-    ),
-    _MANAGER: (
-        lambda module, settings: _patch_updates(module.SchedulerWeightUpdaterManager),
-        lambda module: _unpatch_updates(module.SchedulerWeightUpdaterManager),
-    ),
-}
+TARGETS = {_BATCH: (patch_batch, unpatch_batch), **_weight_updates.targets(_patch_updates, _unpatch_updates)}
 
 
 def describe(settings, version):

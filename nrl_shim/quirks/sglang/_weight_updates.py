@@ -1,0 +1,53 @@
+"""The scheduler's weight-update handlers, for the SGLang fixes that follow weight updates (one scheduler per process:
+TP and DP ranks each see every update).
+
+They live on SchedulerUpdateWeightsMixin (`sglang.srt.managers.scheduler_update_weights_mixin`) up to 0.5.12.post1 and
+on SchedulerWeightUpdaterManager (`sglang.srt.managers.scheduler_components.weight_updater`) from 0.5.13: one of the two
+exists per release, so a fix lists both as targets (`targets`) and both in its REQUIRES (`requires`).
+"""
+
+MIXIN = "sglang.srt.managers.scheduler_update_weights_mixin"  # up to 0.5.12.post1
+MANAGER = "sglang.srt.managers.scheduler_components.weight_updater"  # 0.5.13+
+_OWNERS = {MIXIN: "SchedulerUpdateWeightsMixin", MANAGER: "SchedulerWeightUpdaterManager"}
+# Every route a trainer's weights come in by; update_weights_from_ipc is absent from some releases (wrapped where there).
+UPDATES = (
+    "update_weights_from_tensor",
+    "update_weights_from_distributed",
+    "update_weights_from_disk",
+    "update_weights_from_ipc",
+)
+
+
+def requires(*extra):
+    """REQUIRES entries: each update handler, and each of `extra` (method names), on both owners."""
+    return tuple(
+        f"{module}:{owner}.{name}(recv_req)" for module, owner in _OWNERS.items() for name in (*UPDATES, *extra)
+    )
+
+
+def wrap_updates(owner, wrapper, quirk_id):
+    """Wrap each update handler `owner` has with `wrapper(wrapped, instance, args, kwargs)` (nrl_shim.patching)."""
+    from nrl_shim.patching import wrap
+
+    for name in UPDATES:
+        if hasattr(owner, name):
+            wrap(owner, name, wrapper, quirk_id)
+
+
+def unwrap_updates(owner, quirk_id):
+    from nrl_shim.patching import unwrap
+
+    for name in UPDATES:
+        if hasattr(owner, name):
+            unwrap(owner, name, quirk_id)
+
+
+def targets(patch_owner, unpatch_owner):
+    """TARGETS entries for both owners' modules: `patch_owner(owner class, settings)`, `unpatch_owner(owner class)`."""
+    return {
+        module: (
+            lambda m, settings, name=name: patch_owner(getattr(m, name), settings),
+            lambda m, name=name: unpatch_owner(getattr(m, name)),
+        )
+        for module, name in _OWNERS.items()
+    }
