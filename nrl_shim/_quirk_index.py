@@ -390,6 +390,16 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.quantized_refit_guard",
+        "sglang-quantized-refit-guard",
+        (
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

@@ -9,7 +9,10 @@ Cases, each on the engine as the cases before it left it (its radix cache includ
 - {"kind": "update_from_tensor", "checkpoint": dir, "flush_cache": bool}: the checkpoint's tensors through
   `Engine.update_weights_from_tensor` (inside begin_weight_update()/end_weight_update() where the release has them:
   0.5.21+ refuses an update outside that session), as NeMo RL's and slime's refits send each bucket;
-- {"kind": "flush_cache", "retry_s": s}: `Engine.flush_cache()`, retried while refused, up to s seconds.
+  With "only": a list of parameter names, those tensors only; with "dtype" (e.g. "bfloat16"), cast to it;
+- {"kind": "flush_cache", "retry_s": s}: `Engine.flush_cache()`, retried while refused, up to s seconds;
+- {"kind": "weights", "names": [...]}: `Engine.get_weights_by_name(name)` of each, as float lists (what the engine
+  serves, after its post-processing: an FP8 layer's weight and scale).
 Prints one JSON line: whether the shim is active here, the engine's start time and the `nrl_shim` records of this
 process during it, and per case its result, its time and those records.
 """
@@ -40,9 +43,15 @@ def generate(engine, case):
 
 
 def update_from_tensor(engine, case):
+    import torch
+
     from tiny_models import state_dict_items
 
     named = state_dict_items(case["checkpoint"])
+    if case.get("only"):
+        named = [(name, tensor) for name, tensor in named if name in case["only"]]
+    if case.get("dtype"):
+        named = [(name, tensor.to(getattr(torch, case["dtype"]))) for name, tensor in named]
     session = hasattr(engine, "begin_weight_update")  # 0.5.21+ (sglang PR #28001)
     results = {}
     if session:
@@ -65,7 +74,17 @@ def flush_cache(engine, case):
         time.sleep(1)
 
 
-CASES = {"generate": generate, "update_from_tensor": update_from_tensor, "flush_cache": flush_cache}
+def weights(engine, case):
+    import torch
+
+    out = {}
+    for name in case["names"]:
+        value = engine.get_weights_by_name(name)
+        out[name] = torch.as_tensor(value).float().flatten().tolist() if value is not None else None
+    return out
+
+
+CASES = {"generate": generate, "update_from_tensor": update_from_tensor, "flush_cache": flush_cache, "weights": weights}
 
 
 def main():

@@ -18,18 +18,19 @@ UPDATES = (
 )
 
 
-def requires(*extra):
-    """REQUIRES entries: each update handler, and each of `extra` (method names), on both owners."""
+def requires(*extra, routes=UPDATES):
+    """REQUIRES entries: each update handler of `routes`, and each of `extra` (method names), on both owners."""
     return tuple(
-        f"{module}:{owner}.{name}(recv_req)" for module, owner in _OWNERS.items() for name in (*UPDATES, *extra)
+        f"{module}:{owner}.{name}(recv_req)" for module, owner in _OWNERS.items() for name in (*routes, *extra)
     )
 
 
-def wrap_updates(owner, wrapper, quirk_id):
-    """Wrap each update handler `owner` has with `wrapper(wrapped, instance, args, kwargs)` (nrl_shim.patching)."""
+def wrap_updates(owner, wrapper, quirk_id, routes=UPDATES):
+    """Wrap each update handler of `routes` that `owner` has with `wrapper(wrapped, instance, args, kwargs)`
+    (nrl_shim.patching)."""
     from nrl_shim.patching import wrap
 
-    for name in UPDATES:
+    for name in routes:
         if hasattr(owner, name):
             wrap(owner, name, wrapper, quirk_id)
 
