@@ -32,8 +32,8 @@ SUMMARY = (
 LINK = "https://github.com/sgl-project/sglang/pull/28001"
 LIBRARY = "sglang"
 # Where the bug exists, read in the wheels: 0.5.10.post1 -> 0.5.20 post-process on the disk route only; 0.5.21 adds the
-# weight-update session whose end post-processes. Run on 0.5.12.post1 (CPU, FP8); 0.5.13 -> 0.5.20 read only (the
-# update handlers on SchedulerWeightUpdaterManager: _weight_updates).
+# weight-update session whose end post-processes. Run on 0.5.12.post1 (CPU, FP8); the names it uses found in every
+# wheel 0.5.12 -> 0.5.20 (tools/requires_in_wheel.py; the handlers on SchedulerWeightUpdaterManager from 0.5.13).
 VERSIONS = f"{SGLANG_EXTRA_KEY_SINCE},<0.5.21"
 VERIFIED = ">=0.5.12,<0.5.13"
 FIXED_BY = LINK  # 0.5.21: end_weight_update() runs the layers' processing

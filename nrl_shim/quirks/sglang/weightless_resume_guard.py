@@ -10,12 +10,12 @@ the fresh memory holds, status 200, no error. Measured with the test harness's C
 
 The shim cannot bring the weights back (only the trainer has them), so it names the request (the vLLM refit guard's
 counterpart). In each scheduler process: the memory saver's regions are watched for the weights tag opened without a
-CPU (or disk) backup; a pause of that tag, then a resume, marks the weights as empty; any weight update (tensor,
-distributed, disk, IPC; a failed one too: it may have written some) clears the mark. The first generation request
-while marked is one WARNING naming it; in strict mode (NRL_SHIM_STRICT=1) each such request is aborted with that error
-instead, the server keeps running. Not covered: an update that refills only part of the weights (the mark is cleared by
-the first update call: a bucketed refit cut short is not seen), CUDA-graph and KV-cache memory (SGLang flushes and
-recaptures those itself).
+CPU backup; a pause of that tag, then a resume, marks the weights as empty; any weight update (tensor, distributed,
+disk, IPC; a failed one too: it may have written some) clears the mark. The first generation request while marked is
+one WARNING naming it (once per process, as the vLLM refit guard says its finding; later ones at DEBUG); in strict mode
+(NRL_SHIM_STRICT=1) each such request is aborted with that error instead, and the server keeps running. Not covered:
+an update that refills only part of the weights (the first update call clears the mark: a bucketed refit cut short is
+not seen), CUDA-graph and KV-cache memory (SGLang flushes and recaptures those itself).
 """
 
 from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED, _weight_updates
@@ -24,9 +24,10 @@ ID = "sglang-weightless-resume-guard"
 SUMMARY = "SGLang: a generation request after weights were resumed without a CPU backup and before any update is named"
 LINK = "https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/utils/torch_memory_saver_adapter.py"
 LIBRARY = "sglang"
-# Read in the wheels 0.5.12.post1 -> 0.5.23: the adapter's region/pause/resume (unchanged), the weights tag's name, the
-# scheduler's handle_generate_request (the batch handler calls it per request) and the update handlers
-# (_weight_updates); run on real CPU servers of 0.5.12.post1 and 0.5.23 with the stand-in above. The bug exists
+# Read in the wheels 0.5.12.post1 and 0.5.23, and found in every wheel 0.5.12 -> 0.5.23 (tools/requires_in_wheel.py):
+# the adapter's region/pause/resume, the weights tag's name, the scheduler's handle_generate_request (the batch handler
+# calls it per request) and the update handlers (_weight_updates); run on real CPU servers of 0.5.12.post1 and 0.5.23
+# with the stand-in above. The bug exists
 # wherever weights can be released without a backup (every release read); declared with SGLang's other fixes.
 VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
 _ADAPTER = "sglang.srt.utils.torch_memory_saver_adapter"
@@ -44,9 +45,10 @@ REQUIRES = (
 WHAT = "SGLang generation after a weightless resume"
 _WEIGHTS = "weights"  # GPU_MEMORY_TYPE_WEIGHTS (sglang.srt.constants) in every release read
 # This process's state (one scheduler per process): tags of memory-saver regions opened without a backup; weights
-# paused (their memory gone); weights resumed empty, not yet updated; whether this empty spell was reported.
+# paused (their memory gone); weights resumed empty, not yet updated; strict mode.
 _UNBACKED: set = set()
-_STATE = {"paused": False, "empty": False, "reported": False, "strict": False}
+_SAID: set = set()
+_STATE = {"paused": False, "empty": False, "strict": False}
 
 
 def _patch_adapter(module, settings):
@@ -64,7 +66,7 @@ def _unpatch_adapter(module):
 
     for name in ("region", "pause", "resume"):
         unwrap(module._TorchMemorySaverAdapterReal, name, ID)
-    _STATE.update(paused=False, empty=False, reported=False)
+    _STATE.update(paused=False, empty=False)
 
 
 def _patch_scheduler(module, settings):
@@ -125,8 +127,11 @@ def _resume_wrapper(wrapped, instance, args, kwargs):
     if _tag(args, kwargs) in (_WEIGHTS, None) and _STATE["paused"]:
         from nrl_shim import report
 
-        _STATE.update(paused=False, empty=True, reported=False)
-        report.record(
+        _STATE.update(paused=False, empty=True)
+        # An RL job releases and resumes at every step: INFO the first time, DEBUG after.
+        report.first_at_info(
+            _SAID,
+            "resume",
             ID,
             "info",
             "[%s] %s: weights resumed without their contents (their memory region has no CPU backup); a generation "
@@ -143,7 +148,7 @@ def _update_wrapper(wrapped, instance, args, kwargs):
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _STATE.update(empty=False, reported=False)
+        _STATE["empty"] = False
 
 
 def _message(recv_req):
@@ -163,13 +168,12 @@ def _generate_wrapper(wrapped, instance, args, kwargs):
     recv_req = kwargs.get("recv_req", args[0] if args else None)
     message = _message(recv_req)
     if not _STATE["strict"]:
-        if _STATE["reported"]:
-            import logging
+        # One WARNING per process (the vLLM refit guard's rule); each later request of the kind at DEBUG.
+        import logging
 
-            report.record(ID, "warning", "%s", message, level=logging.DEBUG)  # the first one was the warning
-        else:
-            _STATE["reported"] = True
-            report.record(ID, "warning", "%s", message)
+        first = "generate" not in _SAID
+        _SAID.add("generate")
+        report.record(ID, "warning", "%s", message, level=logging.WARNING if first else logging.DEBUG)
         return wrapped(*args, **kwargs)
     result = wrapped(*args, **kwargs)
     # SGLang's own way of refusing a request it has queued (its input checks): finished with an abort, whose message
