@@ -27,8 +27,8 @@ The fix, in memory, in every process of the job (NeMo RL's actor and SGLang's se
   site-packages, and NeMo RL's worker no longer raises on releases where its anchors are gone.
 NeMo RL's third change, the TP memory-imbalance variables, only sets the environment: its worker already sets
 `SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false`, the name both 0.5.12.post1 and 0.5.23 read; left as it is.
-Not covered: slime's allowlist (its module prefix) is its own SafeUnpickler's, a fallback of its trainer where SGLang is
-not installed; its metadata class reaches SGLang's unpickler only in that split install, not run here (docs/sglang.md).
+slime's allowlist entry (a blanket `slime.` prefix its Docker image patches into SGLang's source) is not taken over:
+upstream slime's refit sends SGLang's own classes, so none of slime's crosses SGLang's unpickler (docs/sglang.md).
 """
 
 from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
