@@ -11,8 +11,8 @@ Cases, each on the engine as the cases before it left it (its radix cache includ
   0.5.21+ refuses an update outside that session), as NeMo RL's and slime's refits send each bucket;
   With "only": a list of parameter names, those tensors only; with "dtype" (e.g. "bfloat16"), cast to it;
 - {"kind": "flush_cache", "retry_s": s}: `Engine.flush_cache()`, retried while refused, up to s seconds;
-- {"kind": "weights", "names": [...]}: `Engine.get_weights_by_name(name)` of each, as float lists (what the engine
-  serves, after its post-processing: an FP8 layer's weight and scale).
+- {"kind": "weights", "names": [...]}: `Engine.get_weights_by_name(name)` of each (its first rows), as float lists:
+  what the engine holds after its post-processing (an FP8 layer's FP8 weight); None where SGLang cannot read it.
 Prints one JSON line: whether the shim is active here, the engine's start time and the `nrl_shim` records of this
 process during it, and per case its result, its time and those records.
 """

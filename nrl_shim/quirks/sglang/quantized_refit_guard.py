@@ -62,12 +62,10 @@ def describe(settings, version):
 
 
 def quantized_layers(model_runner: "Any") -> "tuple[str | None, list[str]]":
-    """The model's quantization (None: not quantized, or re-quantized by its loader on each update) and the names of
-    its layers whose quant_method processes weights after loading (every linear layer has a quant_method: the
-    Unquantized* ones of a plain model are not counted)."""
+    """The model's quantization (None: not quantized) and the names of its layers whose quant_method processes weights
+    after loading (every linear layer has a quant_method: the Unquantized* ones of a plain model are not counted)."""
     quantization = getattr(getattr(model_runner, "model_config", None), "quantization", None)
-    load_format = str(getattr(getattr(model_runner, "server_args", None), "load_format", ""))
-    if not quantization or load_format.endswith("flash_rl"):
+    if not quantization:
         return None, []
     layers = [
         name
@@ -89,7 +87,9 @@ def _update_wrapper(wrapped, instance, args, kwargs):
     try:
         if not getattr(result, "success", False):
             return result
-        quantization, layers = quantized_layers(_model_runner(instance))
+        runner = _model_runner(instance)
+        quantization, layers = quantized_layers(runner)
+        load_format = str(getattr(getattr(runner, "server_args", None), "load_format", ""))
     except Exception as error:  # never fail an update over the guard
         from nrl_shim import report
 
@@ -99,11 +99,16 @@ def _update_wrapper(wrapped, instance, args, kwargs):
         return result
     from nrl_shim import report
 
+    if load_format.endswith("flash_rl"):  # SGLang's RL loader re-quantizes on each load: nothing for the guard
+        report.unchanged(ID, WHAT, "--load-format flash_rl re-quantizes the layers on each update")
+        return result
+
     message = (
         f"[{ID}] {WHAT}: {wrapped.__name__} wrote into a model quantized with {quantization}; SGLang < 0.5.21 does not "
-        f"re-process its {len(layers)} quantized layers after this route (e.g. {', '.join(layers[:3])}): they hold the "
-        "new values cast into their processed form, with the old weights' scales, and rollouts come from neither "
-        "policy. Ways out: SGLang >= 0.5.21 (begin_weight_update/end_weight_update re-process them), --load-format "
+        f"re-run the post-processing of its {len(layers)} quantized layers after this route (e.g. "
+        f"{', '.join(layers[:3])}): where that processing quantizes, repacks or derives scales (online FP8: measured, "
+        "the new values cast under the old weights' scale), the layers serve weights it did not prepare and rollouts "
+        "come from neither policy. Ways out: SGLang >= 0.5.21 (begin_weight_update/end_weight_update re-process them), --load-format "
         "flash_rl (re-quantizes on each load), or update_weights_from_disk (re-processes; fails for online FP8 on "
         f"these releases: sglang#7421). See {LINK}"
     )

@@ -117,8 +117,13 @@ def _region_wrapper(wrapped, instance, args, kwargs):
 
 def _pause_wrapper(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    if _tag(args, kwargs) in (_WEIGHTS, None) and _WEIGHTS in _UNBACKED:
-        _STATE["paused"] = True
+    if _tag(args, kwargs) in (_WEIGHTS, None):
+        if _WEIGHTS in _UNBACKED:
+            _STATE["paused"] = True
+        else:  # SGLang keeps a CPU copy and restores it at resume: nothing for the guard
+            from nrl_shim import report
+
+            report.unchanged(ID, WHAT, "the weights' memory region has a CPU backup (--enable-weights-cpu-backup)")
     return result
 
 
