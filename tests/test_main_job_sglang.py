@@ -5,8 +5,9 @@ place, /update_weights_from_disk (with SGLang's flush), generation continued.
 
 Without the shim: on 0.5.22+ SGLang answers the update with 400 "Weights were updated, but the cache was not flushed"
 and the next rollouts take the shared prompt from the radix cache, computed with the previous weights: step 0 matches
-(its refit writes the weights the server already has), every later step whose update SGLang refused mismatches (on a
-quiet machine all three) and the job's own check names stale KV; on 0.5.12.post1 (NeMo RL's pin, `nox -s sglang_nemo_rl`) the scheduler asserts at the first refit and the
+(its refit writes the weights the server already has), the first later step whose update SGLang refused mismatches
+(most runs: all three; a run whose policy saturates early may match at a later one) and the job's own check names
+stale KV; on 0.5.12.post1 (NeMo RL's pin, `nox -s sglang_nemo_rl`) the scheduler asserts at the first refit and the
 server dies, and the job says so. Under the shim every step matches, and the radix fix is named.
 Measured on 2 cores: ~50 s a run (the server up in ~20 s).
 """
@@ -30,12 +31,17 @@ def test_main_job_on_sglang_mismatches_without_the_shim_and_matches_with_it(tmp_
         assert proc.returncode == 1 and "VERDICT: MISMATCH" in out, out + proc.stderr[-3000:]
         assert "weight update answered 400" in out and "cache was not flushed" in out, out
         assert len(errors) == 4 and errors[0] <= THRESHOLD, errors
-        # A step whose refit SGLang answered 400 (the long rollout was running: the flush refused) mismatches. On a
-        # loaded machine the long rollout may be over before the pause (its stream lags behind the scheduler): then
-        # the flush goes through and that step rightly matches; most steps meet the refusal.
-        refused = [step for step in record["steps"][1:] if step["refit_status"] == 400]
-        assert len(refused) >= 2, record["steps"]
-        assert all(step["token_mult_prob_error"] > THRESHOLD for step in refused), record["steps"]
+        # Every mismatch comes from a refit SGLang answered 400 (the long rollout was running: the flush refused), and
+        # the first such step mismatches. On a loaded machine the long rollout may be over before the pause (its stream
+        # lags behind the scheduler): then the flush goes through and that step rightly matches. A later refused step
+        # still takes the stale prefix but need not mismatch: SGLang's sampling is not seeded, and a run whose policy
+        # saturates (every sample rewarded 1.0 from step 2 on, seen in CI) moves its logprobs too little for 1.05x.
+        steps = record["steps"]
+        refused = [step for step in steps[1:] if step["refit_status"] == 400]
+        assert len(refused) >= 2 and all(step["cached"] > 100 for step in refused), steps
+        assert refused[0]["token_mult_prob_error"] > THRESHOLD, steps
+        mismatched = [step for step in steps if step["token_mult_prob_error"] > THRESHOLD]
+        assert all(step["refit_status"] == 400 for step in mismatched), steps
         assert record["causes"] and record["causes"][0].startswith("stale KV"), record["causes"]
         kept, fresh = record["checks"]["as cached"], record["checks"]["after reset"]
         assert kept["cached"] > 100 and kept["at_T"] > THRESHOLD >= fresh["at_T"], record["checks"]
