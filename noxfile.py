@@ -533,6 +533,64 @@ SGLANG_NEMO_RL_DEPS = [
 ]
 
 
+# AReaL's pin (0.5.10.post1), the first release the SGLang fixes are declared for: the same recipe with its wheel's
+# requirements (left out as above; torch 2.9.1 replaced by torch +cpu), transformers at its pin (5.3.0).
+SGLANG_AREAL = "0.5.10.post1"
+SGLANG_AREAL_DEPS = [
+    "torch==2.13.0+cpu",
+    "torchvision==0.28.0",
+    "IPython",
+    "aiohttp",
+    "apache-tvm-ffi==0.1.15.post2",
+    "anthropic>=0.20.0",
+    "blobfile==3.0.0",
+    "build",
+    "compressed-tensors",
+    "datasets",
+    "einops",
+    "fastapi",
+    "gguf",
+    "interegular",
+    "llguidance<0.8.0,>=0.7.11",
+    "modelscope",
+    "msgspec",
+    "ninja",
+    "numpy",
+    "nvidia-ml-py",
+    "openai-harmony==0.0.4",
+    "openai==2.6.1",
+    "orjson",
+    "outlines==0.1.11",
+    "packaging",
+    "partial_json_parser",
+    "pillow",
+    "prometheus-client>=0.20.0",
+    "psutil",
+    "py-spy",
+    "pybase64",
+    "pydantic",
+    "python-multipart",
+    "pyzmq>=25.1.2",
+    "requests",
+    "scipy",
+    "sentencepiece",
+    "setproctitle",
+    "soundfile==0.13.1",
+    "tiktoken",
+    "timm==1.0.16",
+    "torchao==0.9.0",
+    "tqdm",
+    "mistral_common>=1.9.0",
+    "transformers==5.3.0",
+    "uvicorn",
+    "uvloop",
+    "watchfiles",
+    "xgrammar==0.1.32",
+    "smg-grpc-servicer>=0.5.0",
+    "ray==2.60.0",  # NeMo RL's route (tests/test_sglang_ray_actor.py)
+]
+
+
 def _sglang_venv(session: nox.Session, release: str, deps: list[str]) -> None:
     python = session.virtualenv.location
     # run_install: these run under `nox --install-only` too. One uv call for the dependencies (torch +cpu from the
@@ -586,4 +644,12 @@ def sglang_full(session: nox.Session) -> None:
 def sglang_nemo_rl(session: nox.Session) -> None:
     """The SGLang engine tests on SGLang 0.5.12.post1 (NeMo RL HEAD's pin), torch +cpu."""
     _sglang_venv(session, SGLANG_NEMO_RL, SGLANG_NEMO_RL_DEPS)
+    _sglang_tests(session, "sglang")
+
+
+# AReaL's pin, same harness: every SGLang test.
+@nox.session(python="3.11", tags=["full"])
+def sglang_areal(session: nox.Session) -> None:
+    """The SGLang engine tests on SGLang 0.5.10.post1 (AReaL's pin), torch +cpu."""
+    _sglang_venv(session, SGLANG_AREAL, SGLANG_AREAL_DEPS)
     _sglang_tests(session, "sglang")

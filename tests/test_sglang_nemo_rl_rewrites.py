@@ -1,16 +1,17 @@
 """sglang-nemo-rl-rewrites with NeMo RL HEAD's own code (nemo_rl/models/generation/sglang/utils/patches.py and
 nemo_rl/models/policy/utils.py from ../shared/nemo-rl/7ea279abf, or NRL_SHIM_NEMO_RL_7EA279ABF) on real SGLang
-0.5.12.post1, NeMo RL HEAD's pin (`nox -s sglang_nemo_rl`; NeMo RL HEAD does not import beside 0.5.23's transformers
-5.19: its own check wants < 5.12, so on `nox -s sglang` these tests skip, saying so).
+0.5.12.post1, NeMo RL HEAD's pin (`nox -s sglang_nemo_rl`), and 0.5.10.post1 (`nox -s sglang_areal`, the same results;
+NeMo RL HEAD does not import beside 0.5.23's transformers 5.19: its own check wants < 5.12, so on `nox -s sglang`
+these tests skip, saying so).
 
 - NeMo RL's worker-start rewrites (`_apply_sglang_compat_patches`): without the shim they write into SGLang's files
   (shown on a copy of the two files, never on the venv); under the shim nothing under the venv's site-packages changes
   (every file hashed before and after) and the shim names each rewrite it took over.
 - NeMo RL's refit of a real SGLang server (`stream_weights_via_http_impl`: flattened buckets of NeMo RL's classes,
   then its flush): without the shim (and without NeMo RL's rewrite) SGLang's unpickler refuses NeMo RL's metadata
-  class, the scheduler dies of it and the server with it (0.5.12.post1); under the shim the weights land: the prompt
-  is served as transformers serves it with the new weights.
-- sglang#27948's backport: 0.5.12.post1's real `CustomAllReduceV2.capture()` with SGLANG_MEMORY_SAVER_CUDA_GRAPH on
+  class, the scheduler dies of it and the server with it (0.5.12.post1, 0.5.10.post1); under the shim the weights
+  land: the prompt is served as transformers serves it with the new weights.
+- sglang#27948's backport: the release's real `CustomAllReduceV2.capture()` with SGLANG_MEMORY_SAVER_CUDA_GRAPH on
   sets the kernel's capture flag without the shim, leaves it off under it (the kernel object is a stand-in: it needs
   a GPU; tests/children/sglang_nemo_rl_rewrites.py).
 Two server starts (~1-5 min each here).

@@ -1,13 +1,14 @@
-"""sglang-quantized-refit-guard on a real SGLang 0.5.12.post1 engine (`sglang.Engine`, CPU; tests/children/
-sglang_engine.py) holding a tiny Llama quantized online to FP8 (`quantization="fp8"`, bfloat16): one layer's weight
-sent by `update_weights_from_tensor` (the route NeMo RL, slime and verl refit by). Without the shim the update answers
-success and the layer serves the new values cast to FP8 under the old weights' scale (not re-quantized: its output is
-off by that scale), nothing said; under the shim one WARNING names it; in strict mode the update answers failure with
-that message.
+"""sglang-quantized-refit-guard on a real SGLang 0.5.12.post1 or 0.5.10.post1 engine (`sglang.Engine`, CPU;
+tests/children/sglang_engine.py) holding a tiny Llama quantized online to FP8 (`quantization="fp8"`, bfloat16): one
+layer's weight sent by `update_weights_from_tensor` (the route NeMo RL, slime and verl refit by). Without the shim
+the update answers success and the layer serves the new values cast to FP8 under the old weights' scale (not
+re-quantized: its output is off by that scale), nothing said; under the shim one WARNING names it; in strict mode the
+update answers failure with that message.
 
-Runs where the bug exists and FP8 runs here: SGLang < 0.5.21 (`nox -s sglang_nemo_rl`). From 0.5.21 the fix is not
-affected (the release post-processes at end_weight_update), and FP8 layers need Intel AMX kernels there, which the
-harness has not (tests/sglang_cpu/README.md): skipped, saying so. No generation: FP8 activations need Triton.
+Runs where the bug exists and FP8 runs here: SGLang < 0.5.21 (`nox -s sglang_nemo_rl`, `nox -s sglang_areal`). From
+0.5.21 the fix is not affected (the release post-processes at end_weight_update), and FP8 layers need Intel AMX kernels
+there, which the harness has not (tests/sglang_cpu/README.md): skipped, saying so. No generation: FP8 activations need
+Triton.
 """
 
 import sys

@@ -16,16 +16,17 @@ kept as the base: runs stay reproducible. Requests with their own `sampling_seed
 request).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED
 
 ID = "sglang-dp-seed"
 SUMMARY = "SGLang data-parallel ranks sample distinct tokens: DP rank r's scheduler seeds with random_seed + r"
 LINK = "https://github.com/volcengine/verl/pull/5181"
 LIBRARY = "sglang"
 # run_scheduler_process(server_args, ..., dp_rank, ...) read in the wheels 0.5.10.post1 -> 0.5.23 (its other parameters
-# change; the two used here are looked up by name); run on real servers with --dp-size 2: 0.5.12.post1 and 0.5.23.
+# change; the two used here are looked up by name); run on real servers with --dp-size 2: 0.5.10.post1, 0.5.12.post1
+# and 0.5.23.
 # The bug exists wherever DP ranks share the server's seed (every release read); declared with sglang's other fixes.
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _SCHEDULER, _TP_WORKER = "sglang.srt.managers.scheduler", "sglang.srt.managers.tp_worker"
 REQUIRES = (
     f"{_SCHEDULER}:run_scheduler_process(server_args)",

@@ -26,12 +26,12 @@ The fix, in memory, in every process of the job (NeMo RL's actor and SGLang's se
 - NeMo RL's two rewriting functions are not run (each logged once, before -> after): nothing is written under
   site-packages, and NeMo RL's worker no longer raises on releases where its anchors are gone.
 NeMo RL's third change, the TP memory-imbalance variables, only sets the environment: its worker already sets
-`SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false`, the name both 0.5.12.post1 and 0.5.23 read; left as it is.
+`SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false`, the name every release 0.5.10 -> 0.5.23 reads; left as it is.
 slime's allowlist entry (a blanket `slime.` prefix its Docker image patches into SGLang's source) is not taken over:
 upstream slime's refit sends SGLang's own classes, so none of slime's crosses SGLang's unpickler (docs/sglang.md).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED
 
 ID = "sglang-nemo-rl-rewrites"
 SUMMARY = (
@@ -40,11 +40,11 @@ SUMMARY = (
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf39bc909/nemo_rl/models/generation/sglang/utils/patches.py"
 LIBRARY = "sglang"
-# Read in the wheels 0.5.12.post1 and 0.5.23 (SafeUnpickler's two allowlist layouts; custom_all_reduce_v2.py without
-# and with sglang#27948's SGLANG_MEMORY_SAVER_CUDA_GRAPH), and in NeMo RL HEAD (7ea279abf). The unpickler part run on
-# real servers of both releases with NeMo RL's own bucket sender; the backport run on 0.5.12.post1's real
-# CustomAllReduceV2.capture with a stand-in for its CUDA kernel object (no GPU here).
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+# Read in the wheels 0.5.10 -> 0.5.23 (SafeUnpickler's two allowlist layouts; custom_all_reduce_v2.py without and
+# with sglang#27948's SGLANG_MEMORY_SAVER_CUDA_GRAPH), and in NeMo RL HEAD (7ea279abf). The unpickler part run on
+# real servers of 0.5.10.post1, 0.5.12.post1 and 0.5.23 with NeMo RL's own bucket sender; the backport run on
+# 0.5.12.post1's and 0.5.10.post1's real CustomAllReduceV2.capture with a stand-in for its CUDA kernel object (no GPU).
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _COMMON = "sglang.srt.utils.common"
 _ALL_REDUCE = "sglang.srt.distributed.device_communicators.custom_all_reduce_v2"
 _NEMO_RL = "nemo_rl.models.generation.sglang.utils.patches"

@@ -7,9 +7,9 @@ the disk route only (`load_weights_and_postprocess`); `update_weights_from_tenso
 (the routes NeMo RL, slime and verl refit by) call the model's `load_weights` and stop: the new values are cast into
 the processed parameters (a layer whose processing replaced the parameter loses its loader: the update then fails) and
 the scales stay the old weights'. The update answers success; rollouts come from neither policy. 0.5.21 (sglang#28001)
-runs the processing at `end_weight_update()`. Measured on 0.5.12.post1 (CPU, tiny Llama, `quantization="fp8"`,
-bfloat16): `update_weights_from_tensor` of one layer returned `(True, "Success")`; the layer then held the new values
-cast to FP8 with the old `weight_scale`.
+runs the processing at `end_weight_update()`. Measured on 0.5.12.post1 and 0.5.10.post1 (CPU, tiny Llama,
+`quantization="fp8"`, bfloat16): `update_weights_from_tensor` of one layer returned `(True, "Success")`; the layer
+then held the new values cast to FP8 with the old `weight_scale`.
 
 The shim cannot re-process the layers (their processed form is not reloadable: the release's own fix needs its
 restore step), so it names the update (the vLLM refit guard's counterpart): in each scheduler process, after a
@@ -19,7 +19,7 @@ many layers and the ways out; in strict mode the update answers success=False wi
 are written already; the message says so).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, _weight_updates
+from nrl_shim.quirks.sglang import SGLANG_SINCE, _weight_updates
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -32,10 +32,11 @@ SUMMARY = (
 LINK = "https://github.com/sgl-project/sglang/pull/28001"
 LIBRARY = "sglang"
 # Where the bug exists, read in the wheels: 0.5.10.post1 -> 0.5.20 post-process on the disk route only; 0.5.21 adds the
-# weight-update session whose end post-processes. Run on 0.5.12.post1 (CPU, FP8); the names it uses found in every
-# wheel 0.5.12 -> 0.5.20 (tools/requires_in_wheel.py; the handlers on SchedulerWeightUpdaterManager from 0.5.13).
-VERSIONS = f"{SGLANG_EXTRA_KEY_SINCE},<0.5.21"
-VERIFIED = ">=0.5.12,<0.5.13"
+# weight-update session whose end post-processes. Run on 0.5.10.post1 and 0.5.12.post1 (CPU, FP8); the names it uses
+# found in every wheel 0.5.10 -> 0.5.20 (tools/requires_in_wheel.py; the handlers on SchedulerWeightUpdaterManager
+# from 0.5.13).
+VERSIONS = f"{SGLANG_SINCE},<0.5.21"
+VERIFIED = ">=0.5.10,<0.5.13"
 FIXED_BY = LINK  # 0.5.21: end_weight_update() runs the layers' processing
 _ROUTES = ("update_weights_from_tensor", "update_weights_from_distributed")
 REQUIRES = _weight_updates.requires(routes=_ROUTES)

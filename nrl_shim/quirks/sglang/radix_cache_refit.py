@@ -11,7 +11,7 @@ measured 299 of 300 prompt tokens, logprob gap 9.6 to the new weights, no error.
 How (in each scheduler process: TP and DP ranks each own a radix cache and see every update):
 - A weight version per process, counted by the scheduler's update handlers (from tensor, distributed, disk, IPC;
   each call, failed ones too: a failed update may have written some tensors).
-- The version goes in front of each request's `extra_key` (SGLang's own radix-key namespace, from 0.5.12; a LoRA id
+- The version goes in front of each request's `extra_key` (SGLang's own radix-key namespace, 0.5.10+; a LoRA id
   and an elastic namespace stay at its end), so KV of one version is never matched by a request of another:
   requests created after an update, and those still waiting for their first prefill (holding no KV slot), take the
   new version; requests running at the update keep theirs and finish (their later tokens attend to KV of the old
@@ -20,14 +20,17 @@ How (in each scheduler process: TP and DP ranks each own a radix cache and see e
   is evicted like any unused prefix. Before the first update nothing changes (no version in the key).
 - A flush after an update that SGLang refuses because requests run or wait: the update no longer fails for it (no
   assert; `success` stays what the weight load said, its message says the cache was kept and why that is safe).
-  A flush the caller asks for by itself (`/flush_cache`, `Engine.flush_cache()`) is left as it is.
+  A flush the caller asks for by itself (`/flush_cache`, `Engine.flush_cache()`) is left as it is. 0.5.12+ flush in
+  `flush_cache_after_weight_update` (wrapped); up to 0.5.11 each handler flushes inline and asserts: the handler then
+  runs without the flush, and the flush SGLang would have done follows it here (after a successful update, as SGLang's;
+  on 0.5.11 a draft model whose disk/IPC load failed skips it: the version keeps the old KV out either way).
 Not covered: KV stores that key by tokens only, not extra_key (read in the wheels: LMCache up to 0.5.20, FlexKV,
 HiCache's storage tier up to 0.5.19, the experimental C++ tree up to 0.5.20): flush those after an update. A storage
 tier that does use extra_key (HiCache 0.5.20+) shared by several engines is namespaced per engine's update count:
 engines updated alike share it (the RL case: every engine gets every update).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED, _weight_updates
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED, _weight_updates
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -37,12 +40,12 @@ ID = "sglang-radix-cache-refit"
 SUMMARY = "After a weight update, no SGLang request that starts later reuses KV of the old weights (flush or not)"
 LINK = "https://github.com/sgl-project/sglang/issues/12099"
 LIBRARY = "sglang"
-# What the fix calls, read in every wheel 0.5.12 -> 0.5.23 (RadixKey's extra_key, Req.extra_key built from it, the
-# update handlers and flush_cache_after_weight_update: in the scheduler's mixin up to 0.5.12.post1, in
-# SchedulerWeightUpdaterManager from 0.5.13; both are targets, one exists per release) and run on real engines:
-# 0.5.12.post1 (NeMo RL's pin) and 0.5.23. 0.5.10.post1/0.5.11 have extra_key but no flush_cache_after_weight_update:
-# not declared yet (not run).
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+# What the fix calls, read in every wheel 0.5.10 -> 0.5.23 (RadixKey's extra_key, Req.extra_key built from it, the
+# update handlers: in the scheduler's mixin up to 0.5.12.post1, in SchedulerWeightUpdaterManager from 0.5.13; both are
+# targets, one exists per release; flush_cache_after_weight_update from 0.5.12, the flush inline before) and run on
+# real engines: 0.5.10.post1 (AReaL's pin), 0.5.12.post1 (NeMo RL's pin) and 0.5.23. REQUIRES (checked on releases
+# past VERIFIED) keeps flush_cache_after_weight_update: a newer release is one of the 0.5.12+ line.
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _BATCH = "sglang.srt.managers.schedule_batch"
 REQUIRES = (
     f"{_BATCH}:Req.__init__",
@@ -80,15 +83,19 @@ def unpatch_batch(module):
 def _patch_updates(owner, settings):
     from nrl_shim.patching import wrap
 
-    _weight_updates.wrap_updates(owner, _update_wrapper, ID)
-    wrap(owner, "flush_cache_after_weight_update", _flush_after_update_wrapper, ID)
+    if hasattr(owner, "flush_cache_after_weight_update"):  # 0.5.12+
+        _weight_updates.wrap_updates(owner, _update_wrapper, ID)
+        wrap(owner, "flush_cache_after_weight_update", _flush_after_update_wrapper, ID)
+    else:  # up to 0.5.11: each handler flushes inline and asserts on a refusal
+        _weight_updates.wrap_updates(owner, _inline_flush_update_wrapper, ID)
 
 
 def _unpatch_updates(owner):
     from nrl_shim.patching import unwrap
 
     _weight_updates.unwrap_updates(owner, ID)
-    unwrap(owner, "flush_cache_after_weight_update", ID)
+    if hasattr(owner, "flush_cache_after_weight_update"):
+        unwrap(owner, "flush_cache_after_weight_update", ID)
 
 
 TARGETS = {_BATCH: (patch_batch, unpatch_batch), **_weight_updates.targets(_patch_updates, _unpatch_updates)}
@@ -200,32 +207,67 @@ def _new_version(route):
 def _flush_after_update_wrapper(wrapped, instance, args, kwargs):
     """SGLang's flush after an update, minus its failure: the flush is tried as SGLang would; refused (requests run or
     wait), the update goes on as if it had flushed (the version keeps the old KV out of every later request)."""
-    import copy
-
     recv_req = args[0] if args else kwargs.get("recv_req")
     if not getattr(recv_req, "flush_cache", False):
         return wrapped(*args, **kwargs)
     flushed = instance.flush_cache(empty_cache=getattr(recv_req, "torch_empty_cache", True))
-    unflushed = copy.copy(recv_req)
-    unflushed.flush_cache = False  # SGLang's own routine, without its second flush (and its assert or failure)
-    result = wrapped(unflushed, *args[1:], **kwargs) if args else wrapped(**{**kwargs, "recv_req": unflushed})
+    call_args, call_kwargs = _without_flush(recv_req, args, kwargs)  # SGLang's routine, without its second flush
+    result = wrapped(*call_args, **call_kwargs)
     if not flushed:
-        from nrl_shim import report
-
         if isinstance(result, tuple) and len(result) == 2:  # 0.5.22+: (success, message) of the update call
             result = (result[0], f"{result[1]} ({_KEPT})")
-
-        report.first_at_info(
-            _SAID,
-            "refused",
-            ID,
-            "changed",
-            "[%s] %s: flush after the update refused by SGLang (requests running or waiting): update kept as "
-            "succeeded, not failed/asserted; the old weights' KV stays cached under weight version %d, never matched "
-            "by a request that starts after the update (%s)",
-            ID,
-            WHAT,
-            _STATE["version"],
-            LINK,
-        )
+        _say_flush_refused("not failed/asserted")
     return result
+
+
+def _without_flush(recv_req, args, kwargs):
+    """The handler's arguments with a copy of `recv_req` that asks for no flush (SGLang's routine without its flush,
+    and so without its assert or failure)."""
+    import copy
+
+    unflushed = copy.copy(recv_req)
+    unflushed.flush_cache = False
+    return ((unflushed, *args[1:]), kwargs) if args else ((), {**kwargs, "recv_req": unflushed})
+
+
+def _inline_flush_update_wrapper(wrapped, instance, args, kwargs):
+    """Up to 0.5.11 (no flush_cache_after_weight_update): the handler runs without its inline flush; the flush SGLang
+    would have done follows here, after a successful update, a refusal said instead of asserted (AReaL#140)."""
+    import inspect
+
+    recv_req = args[0] if args else kwargs.get("recv_req")
+    if not getattr(recv_req, "flush_cache", False):
+        return _update_wrapper(wrapped, instance, args, kwargs)
+    call_args, call_kwargs = _without_flush(recv_req, args, kwargs)
+    result = _update_wrapper(wrapped, instance, call_args, call_kwargs)
+    if not getattr(result, "success", False):
+        return result
+    # 0.5.11 passes the request's torch_empty_cache; 0.5.10's flush_cache takes no argument.
+    if "empty_cache" in inspect.signature(instance.flush_cache).parameters:
+        flushed = instance.flush_cache(empty_cache=getattr(recv_req, "torch_empty_cache", True))
+    else:
+        flushed = instance.flush_cache()
+    if not flushed:
+        if isinstance(getattr(result, "message", None), str):
+            result.message = f"{result.message} ({_KEPT})"
+        _say_flush_refused("not asserted")
+    return result
+
+
+def _say_flush_refused(instead):
+    from nrl_shim import report
+
+    report.first_at_info(
+        _SAID,
+        "refused",
+        ID,
+        "changed",
+        "[%s] %s: flush after the update refused by SGLang (requests running or waiting): update kept as "
+        "succeeded, %s; the old weights' KV stays cached under weight version %d, never matched by a request that "
+        "starts after the update (%s)",
+        ID,
+        WHAT,
+        instead,
+        _STATE["version"],
+        LINK,
+    )

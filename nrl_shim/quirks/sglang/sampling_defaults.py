@@ -16,7 +16,7 @@ into: the fix acts and its log line says so). NRL_SHIM_SAMPLING_DEFAULTS=serving
 one setting for both engines) keeps the checkpoint's defaults.
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED
 from nrl_shim.quirks.sglang import _server_args as server_args_tracker
 
 ID = "sglang-sampling-defaults"
@@ -27,9 +27,9 @@ SUMMARY = (
 LINK = "https://github.com/sgl-project/sglang/pull/11304"
 LIBRARY = "sglang"
 # The bug: 0.5.3.post1 onwards (read). The fix's names, read in every wheel 0.5.10.post1 -> 0.5.23
-# (ModelConfig.get_default_sampling_params and from_server_args, prepare_server_args); run on real servers: 0.5.12.post1
-# and 0.5.23. Declared from 0.5.12, with sglang's other fixes (older releases not run).
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+# (ModelConfig.get_default_sampling_params and from_server_args, prepare_server_args); run on real servers: 0.5.10.post1,
+# 0.5.12.post1 and 0.5.23. Declared from 0.5.10, with sglang's other fixes (older releases not run).
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _MODEL_CONFIG = "sglang.srt.configs.model_config"
 REQUIRES = (
     f"{_MODEL_CONFIG}:ModelConfig.get_default_sampling_params",

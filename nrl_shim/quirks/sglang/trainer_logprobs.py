@@ -22,7 +22,7 @@ import contextvars
 import os
 
 from nrl_shim.quirks._trainer import trainer_truncates
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED
 
 ID = "sglang-trainer-logprobs"
 SUMMARY = (
@@ -31,10 +31,10 @@ SUMMARY = (
 )
 LINK = "https://github.com/NVIDIA-NeMo/RL/issues/3497"
 LIBRARY = "sglang"
-# Read in the wheels 0.5.12 -> 0.5.23: Sampler.forward(logits_output, sampling_info, ...) and where it hands the logprobs
+# Read in the wheels 0.5.10 -> 0.5.23: Sampler.forward(logits_output, sampling_info, ...) and where it hands the logprobs
 # on (Sampler._attach_logprobs_to_output up to 0.5.1x; OutputLogprobProcessor.compute_logprobs in 0.5.23), engine.
-# _set_envs_and_config in the launching process. Run on real servers: 0.5.12.post1 and 0.5.23.
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+# _set_envs_and_config in the launching process. Run on real servers: 0.5.10.post1, 0.5.12.post1 and 0.5.23.
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _SAMPLER = "sglang.srt.layers.sampler"
 _PROCESSOR = "sglang.srt.layers.logprob_processor"
 _ENGINE = "sglang.srt.entrypoints.engine"

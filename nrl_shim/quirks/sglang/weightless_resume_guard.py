@@ -18,18 +18,18 @@ an update that refills only part of the weights (the first update call clears th
 not seen), CUDA-graph and KV-cache memory (SGLang flushes and recaptures those itself).
 """
 
-from nrl_shim.quirks.sglang import SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED, _weight_updates
+from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED, _weight_updates
 
 ID = "sglang-weightless-resume-guard"
 SUMMARY = "SGLang: a generation request after weights were resumed without a CPU backup and before any update is named"
 LINK = "https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/utils/torch_memory_saver_adapter.py"
 LIBRARY = "sglang"
-# Read in the wheels 0.5.12.post1 and 0.5.23, and found in every wheel 0.5.12 -> 0.5.23 (tools/requires_in_wheel.py):
+# Read in the wheels 0.5.12.post1 and 0.5.23, and found in every wheel 0.5.10 -> 0.5.23 (tools/requires_in_wheel.py):
 # the adapter's region/pause/resume, the weights tag's name, the scheduler's handle_generate_request (the batch handler
-# calls it per request) and the update handlers (_weight_updates); run on real CPU servers of 0.5.12.post1 and 0.5.23
-# with the stand-in above. The bug exists
+# calls it per request) and the update handlers (_weight_updates); run on real CPU servers of 0.5.10.post1,
+# 0.5.12.post1 and 0.5.23 with the stand-in above. The bug exists
 # wherever weights can be released without a backup (every release read); declared with SGLang's other fixes.
-VERSIONS, VERIFIED = SGLANG_EXTRA_KEY_SINCE, SGLANG_VERIFIED
+VERSIONS, VERIFIED = SGLANG_SINCE, SGLANG_VERIFIED
 _ADAPTER = "sglang.srt.utils.torch_memory_saver_adapter"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 REQUIRES = (
