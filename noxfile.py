@@ -476,12 +476,12 @@ SGLANG_DEPS = [
 # tokenspeed-mla, flashinfer-cubin). transformers 5.6.0 is its pin and must stay: newer ones register `qwen3_asr`,
 # which 0.5.12.post1 registers again (ValueError at import); tokenizers follows from it (<= 0.23.0).
 SGLANG_NEMO_RL = "0.5.12.post1"
-SGLANG_NEMO_RL_DEPS = [
+# What the 0.5.1x wheels run here (0.5.12.post1, 0.5.10.post1) both require, as their METADATA pins it.
+_SGLANG_05_1X_DEPS = [
     "torch==2.13.0+cpu",
     "torchvision==0.28.0",
     "IPython",
     "aiohttp",
-    "apache-tvm-ffi==0.1.9",
     "anthropic>=0.20.0",
     "blobfile==3.0.0",
     "build",
@@ -495,7 +495,6 @@ SGLANG_NEMO_RL_DEPS = [
     "modelscope",
     "msgspec",
     "ninja",
-    "easydict",
     "numpy",
     "nvidia-ml-py",
     "openai-harmony==0.0.4",
@@ -519,17 +518,22 @@ SGLANG_NEMO_RL_DEPS = [
     "soundfile==0.13.1",
     "tiktoken",
     "timm==1.0.16",
-    "torchao==0.17.0",
     "tqdm",
-    "mistral_common>=1.11.0",
-    "transformers==5.6.0",
     "uvicorn",
     "uvloop",
     "watchfiles",
-    "xgrammar==0.2.0",
     "smg-grpc-servicer>=0.5.0",
-    "kernels>=0.12.0,<0.13",  # what transformers 5.6.0 accepts (its `kernels` extra); newer ones break its hub-kernel table
     "ray==2.60.0",  # NeMo RL's route (tests/test_sglang_ray_actor.py)
+]
+SGLANG_NEMO_RL_DEPS = [
+    *_SGLANG_05_1X_DEPS,
+    "apache-tvm-ffi==0.1.9",
+    "easydict",
+    "torchao==0.17.0",
+    "mistral_common>=1.11.0",
+    "transformers==5.6.0",
+    "xgrammar==0.2.0",
+    "kernels>=0.12.0,<0.13",  # what transformers 5.6.0 accepts (its `kernels` extra); newer ones break its hub-kernel table
 ]
 
 
@@ -537,57 +541,12 @@ SGLANG_NEMO_RL_DEPS = [
 # requirements (left out as above; torch 2.9.1 replaced by torch +cpu), transformers at its pin (5.3.0).
 SGLANG_AREAL = "0.5.10.post1"
 SGLANG_AREAL_DEPS = [
-    "torch==2.13.0+cpu",
-    "torchvision==0.28.0",
-    "IPython",
-    "aiohttp",
+    *_SGLANG_05_1X_DEPS,
     "apache-tvm-ffi==0.1.15.post2",
-    "anthropic>=0.20.0",
-    "blobfile==3.0.0",
-    "build",
-    "compressed-tensors",
-    "datasets",
-    "einops",
-    "fastapi",
-    "gguf",
-    "interegular",
-    "llguidance<0.8.0,>=0.7.11",
-    "modelscope",
-    "msgspec",
-    "ninja",
-    "numpy",
-    "nvidia-ml-py",
-    "openai-harmony==0.0.4",
-    "openai==2.6.1",
-    "orjson",
-    "outlines==0.1.11",
-    "packaging",
-    "partial_json_parser",
-    "pillow",
-    "prometheus-client>=0.20.0",
-    "psutil",
-    "py-spy",
-    "pybase64",
-    "pydantic",
-    "python-multipart",
-    "pyzmq>=25.1.2",
-    "requests",
-    "scipy",
-    "sentencepiece",
-    "setproctitle",
-    "soundfile==0.13.1",
-    "tiktoken",
-    "timm==1.0.16",
     "torchao==0.9.0",
-    "tqdm",
     "mistral_common>=1.9.0",
     "transformers==5.3.0",
-    "uvicorn",
-    "uvloop",
-    "watchfiles",
     "xgrammar==0.1.32",
-    "smg-grpc-servicer>=0.5.0",
-    "ray==2.60.0",  # NeMo RL's route (tests/test_sglang_ray_actor.py)
 ]
 
 
