@@ -219,16 +219,7 @@ QUIRKS = (
         "vllm-sampling-defaults",
         ("vllm.engine.arg_utils", "vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.llm"),
         None,
-        (
-            Variable(
-                "NRL_SHIM_SAMPLING_DEFAULTS",
-                "sampling_defaults",
-                choice("rl", "serving"),
-                "rl",
-                "`rl` / `serving`",
-                "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint generation_config sampling defaults, logprobs as the trainer computes them, tool calls not grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
-            ),
-        ),
+        (),
     ),
     (
         "nrl_shim.quirks.vllm.sampling.trainer_logprobs",
@@ -244,16 +235,7 @@ QUIRKS = (
             "vllm.engine.llm_engine",
         ),
         None,
-        (
-            Variable(
-                "NRL_SHIM_LOGPROBS",
-                "logprobs",
-                choice("auto", "full", "truncated"),
-                "auto",
-                "`auto` / `full` / `truncated`",
-                "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `auto`: `truncated` in a process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the full-vocabulary log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written loop); `truncated`: vLLM's processed_logprobs, renormalised over the tokens top-k/top-p/min-p keep, after penalties (a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
-            ),
-        ),
+        (),
     ),
     (
         "nrl_shim.quirks.vllm.sampling.strict_tool_calling",

@@ -21,7 +21,7 @@ from typing import Any
 from . import settings
 from .plugins import GROUP
 from .registry import BUILTIN, Quirk, _import, origin, quirks
-from .settings import CORE_VARIABLES, Variable, as_text
+from .settings import SHARED_VARIABLES, Variable, as_text
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -43,7 +43,7 @@ def builtin_quirks() -> list[Quirk]:
 
 def builtin_variables() -> list[Variable]:
     """The core's variables, then each built-in quirk's, in registry order (plugins' are documented by their packages)."""
-    return [*CORE_VARIABLES, *(v for q in builtin_quirks() for v in q.settings)]
+    return [*SHARED_VARIABLES, *(v for q in builtin_quirks() for v in q.settings)]
 
 
 def _default_text(variable: Variable) -> str:

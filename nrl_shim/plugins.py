@@ -158,7 +158,7 @@ def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None, 
     """Scan `paths`; import each plugin module found (not nrl-shim's own) to read its record; the start-up plan from
     the built-ins' records and theirs; the files they come from (stamped: an edit is seen at the next start)."""
     from . import _quirk_index
-    from .settings import CORE_VARIABLES
+    from .settings import SHARED_VARIABLES
 
     found = scan(paths)
     deferred = dict(_quirk_index.SETUP_DISTRIBUTIONS)
@@ -181,7 +181,7 @@ def _index(paths: "tuple[str, ...]") -> "tuple[tuple[Plugin, ...], Plan | None, 
                 files.append(module.__file__)  # type: ignore[arg-type]
         except Exception:  # activation imports it again and says why, once
             records.append(None)
-    core = (tuple(v.name for v in CORE_VARIABLES), tuple(v.attr for v in CORE_VARIABLES))
+    core = (tuple(v.name for v in SHARED_VARIABLES), tuple(v.attr for v in SHARED_VARIABLES))
     return found, _plan(core, records), tuple(files)
 
 

@@ -549,12 +549,12 @@ def _plugin_entries(builtin: "tuple[Entry, ...]") -> "tuple[Entry, ...]":
     declared = plugins.declared()
     if not declared:
         return ()
-    from .settings import CORE_VARIABLES
+    from .settings import SHARED_VARIABLES
 
     ids = {entry[1]: (BUILTIN, entry[0]) for entry in builtin}
     modules = {module for _, module in ids.values()}
-    names = {v.name: (BUILTIN, v.name) for v in CORE_VARIABLES}
-    attrs = {v.attr: (BUILTIN, v.name) for v in CORE_VARIABLES}
+    names = {v.name: (BUILTIN, v.name) for v in SHARED_VARIABLES}
+    attrs = {v.attr: (BUILTIN, v.name) for v in SHARED_VARIABLES}
     for entry in builtin:
         names.update({v.name: (BUILTIN, entry[1]) for v in entry[4]})
         attrs.update({v.attr: (BUILTIN, entry[1]) for v in entry[4]})
@@ -690,9 +690,9 @@ def quirk_ids() -> "tuple[str, ...]":
 
 def variables() -> "tuple[Variable, ...]":
     """Every NRL_* variable: the core's, then each quirk's own SETTINGS, in registry order."""
-    from .settings import CORE_VARIABLES
+    from .settings import SHARED_VARIABLES
 
-    declared = list(CORE_VARIABLES)
+    declared = list(SHARED_VARIABLES)
     for entry in _entries():
         declared.extend(entry[4])
     return tuple(declared)

@@ -178,6 +178,36 @@ CORE_VARIABLES = (
 )
 
 
+# Settings both engines' fixes read (vLLM's and SGLang's): declared once here, outside either engine's folder, so that
+# one variable means one thing on every engine and a job that mixes engines sets it once.
+ENGINE_VARIABLES = (
+    Variable(
+        "NRL_SHIM_SAMPLING_DEFAULTS",
+        "sampling_defaults",
+        choice("rl", "serving"),
+        "rl",
+        "`rl` / `serving`",
+        "`rl`: vLLM and SGLang engines sample as an RL trainer assumes where the user left the engine's defaults (no "
+        "checkpoint generation_config sampling defaults, logprobs as the trainer computes them, vLLM's tool calls not "
+        "grammar-constrained); `serving`: the engines' serving defaults (for a job that serves the checkpoint to users)",
+    ),
+    Variable(
+        "NRL_SHIM_LOGPROBS",
+        "logprobs",
+        choice("auto", "full", "truncated"),
+        "auto",
+        "`auto` / `full` / `truncated`",
+        "the logprobs a vLLM or SGLang engine returns where the caller left the engine's own choice: `auto`: "
+        "`truncated` in a process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the "
+        "full-vocabulary log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written "
+        "loop); `truncated`: renormalised over the tokens top-k/top-p/min-p keep, after penalties (vLLM's "
+        "processed_logprobs; a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
+    ),
+)
+# What the registry declares besides the quirks' own SETTINGS: the core's, then the engines' shared ones.
+SHARED_VARIABLES = CORE_VARIABLES + ENGINE_VARIABLES
+
+
 def as_text(value: "Any") -> str:
     """A setting's value as a user writes it in the environment."""
     if value is None:
@@ -199,7 +229,7 @@ class Settings:
 
     __slots__ = ("_values", "_variables")
 
-    def __init__(self, values: "Mapping[str, Any]", variables: "Iterable[Variable]" = CORE_VARIABLES) -> None:
+    def __init__(self, values: "Mapping[str, Any]", variables: "Iterable[Variable]" = SHARED_VARIABLES) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_variables", tuple(variables))
 
@@ -239,7 +269,7 @@ class Settings:
         cls,
         environ: "Mapping[str, str] | None" = None,
         known_ids: "Iterable[str] | None" = None,
-        variables: "Iterable[Variable]" = CORE_VARIABLES,
+        variables: "Iterable[Variable]" = SHARED_VARIABLES,
     ) -> "Settings":
         """Parse `variables` from `environ` (default os.environ); raise SettingsError naming the first bad one.
         `known_ids` validates NRL_SHIM_DISABLE."""

@@ -41,14 +41,14 @@ def test_the_start_up_plan_watches_what_activation_watches():
     # The plan an armed start-up reads (written with the plugin index; here over no sys.path entry: the built-ins
     # alone) against the quirk index: every target, every variable, the deferred setup and the setup's option.
     from nrl_shim import plugins
-    from nrl_shim.settings import CORE_VARIABLES
+    from nrl_shim.settings import SHARED_VARIABLES
 
     _found, plan, files = plugins._index(())
     modules, distributions, variables, options = plan
     assert modules == {name for entry in _quirk_index.QUIRKS for name in entry[2]}
     assert {name for name, _ in _quirk_index.PRE_TARGETS} <= modules
     assert distributions == {"vllm"} and options == ("--config",)  # vllm-dist-alias, vllm-eager-recipes
-    declared = {v.name for v in CORE_VARIABLES} | {v.name for entry in _quirk_index.QUIRKS for v in entry[4]}
+    declared = {v.name for v in SHARED_VARIABLES} | {v.name for entry in _quirk_index.QUIRKS for v in entry[4]}
     assert set(variables) == (declared - {"NRL_SHIM"}) | {"NRL_SHIM_PLUGINS"}
     assert files == (_quirk_index.__file__,)
 

@@ -122,3 +122,35 @@ def test_any_environment_gives_settings_or_one_shim_error(env):
         parse(**env)
     except ShimError as err:
         assert any(name in str(err) for name in env)
+
+
+def test_a_setting_read_by_two_libraries_fixes_is_declared_outside_both():
+    # One variable, one declaration: a quirk's own SETTINGS are read only by fixes of its library's folder
+    # (nrl_shim/quirks/<lib>/); a setting that two libraries' fixes read (NRL_SHIM_LOGPROBS, NRL_SHIM_SAMPLING_DEFAULTS)
+    # is declared in settings.ENGINE_VARIABLES, and read as `settings.<attr>`, never through a getattr default.
+    import pathlib
+    import re
+
+    from nrl_shim import registry
+    from nrl_shim.settings import ENGINE_VARIABLES, SHARED_VARIABLES
+
+    root = pathlib.Path(registry.__file__).parent / "quirks"
+    owner = {}  # attribute -> library folder of the quirk declaring it
+    for quirk in registry.quirks():
+        library = quirk.module_name.split(".")[2]
+        owner.update({v.attr: library for v in quirk.settings})
+    shared = {v.attr for v in SHARED_VARIABLES}
+    readers: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parts
+        library = parts[0] if len(parts) > 1 else "quirks"  # a helper of every library's fixes (quirks/_trainer.py)
+        text = path.read_text()
+        assert not re.search(r"getattr\(settings, \"(logprobs|sampling_defaults)\"", text), path
+        for attr in re.findall(r"\bsettings\.([a-z_0-9]+)\b", text):
+            if attr in owner or attr in shared:
+                readers.setdefault(attr, set()).add(library)
+    for attr, libraries in readers.items():
+        if attr in owner:
+            assert libraries <= {owner[attr]}, f"settings.{attr} (declared by a {owner[attr]} fix) read in {libraries}"
+    assert {"vllm", "sglang"} <= readers["logprobs"] and {"vllm", "sglang"} <= readers["sampling_defaults"]
+    assert {v.attr for v in ENGINE_VARIABLES} == {"logprobs", "sampling_defaults"}

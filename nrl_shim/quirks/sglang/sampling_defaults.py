@@ -12,8 +12,8 @@ The fix: where the caller left `sampling_defaults` at SGLang's default, chat req
 untouched. An explicit choice is kept: `--sampling-defaults model` on the command line (or in a `--config` file), or
 `ServerArgs(sampling_defaults="model")` on releases where the shared tracker can see it (nrl_shim/quirks/sglang/
 _server_args.py: up to 0.5.19; from 0.5.20 a ServerArgs built in Python is a msgspec Struct the tracker can't see
-into: the fix acts and its log line says so). NRL_SHIM_SAMPLING_DEFAULTS=serving (declared by vllm-sampling-defaults,
-one setting for both engines) keeps the checkpoint's defaults.
+into: the fix acts and its log line says so). NRL_SHIM_SAMPLING_DEFAULTS=serving (one setting for
+both engines: settings.ENGINE_VARIABLES) keeps the checkpoint's defaults.
 """
 
 from nrl_shim.quirks.sglang import SGLANG_SINCE, SGLANG_VERIFIED
@@ -61,7 +61,7 @@ TARGETS = server_args_tracker.targets(ID, {_MODEL_CONFIG: (patch_model_config, u
 
 
 def describe(settings, version):
-    if getattr(settings, "sampling_defaults", "rl") != "rl":
+    if settings.sampling_defaults != "rl":
         return "NRL_SHIM_SAMPLING_DEFAULTS=serving: the checkpoint's sampling defaults kept for chat requests"
     return (
         "chat requests' unset sampling fields: SGLang's own defaults, not the checkpoint's generation_config "
@@ -85,7 +85,7 @@ def _defaults(checkpoint, model_config, settings):
 
     if not checkpoint or getattr(model_config, "sampling_defaults", None) != "model":
         return checkpoint
-    if getattr(settings, "sampling_defaults", "rl") != "rl":
+    if settings.sampling_defaults != "rl":
         report.unchanged(ID, WHAT, "NRL_SHIM_SAMPLING_DEFAULTS=serving: the checkpoint's kept")
         return checkpoint
     try:

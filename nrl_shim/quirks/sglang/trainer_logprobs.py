@@ -7,7 +7,7 @@ renormalised) and compares its logprobs to the rollout's: off by the log of the 
 T=0.7, top-p 0.8), no error. SGLang 0.5.12.post1 (NeMo RL's pin) has no way to ask for the renormalised value (0.5.23's
 `return_sampling_mask` returns it apart, under another name).
 
-The fix, with vLLM's setting (NRL_SHIM_LOGPROBS, declared by vllm-trainer-logprobs, one setting for both engines):
+The fix, with vLLM's setting (NRL_SHIM_LOGPROBS, one setting for both engines: settings.ENGINE_VARIABLES):
 `truncated`, or `auto` in a process that runs NeMo RL's trainer-side code (HEAD), decided where the engine is launched
 (`_set_envs_and_config`, in the process that calls `Engine(...)`/`launch_server`) and handed to its scheduler
 processes through the environment: the sampler's logprobs of rows with top-k or top-p are renormalised as NeMo RL's
@@ -51,7 +51,7 @@ _SAID: set = set()
 
 
 def describe(settings, version):
-    mode = getattr(settings, "logprobs", "auto")
+    mode = settings.logprobs
     if mode == "full":
         return "NRL_SHIM_LOGPROBS=full: SGLang's full-vocabulary logprobs (already the trainer's): nothing to change"
     where = "always" if mode == "truncated" else "where the job runs NeMo RL HEAD's trainer (its top-k/top-p filter)"
@@ -67,7 +67,7 @@ def patch_engine(module, settings):
     from nrl_shim.patching import wrap
 
     def set_envs_wrapper(wrapped, instance, args, kwargs):
-        _decide(getattr(settings, "logprobs", "auto"))
+        _decide(settings.logprobs)
         return wrapped(*args, **kwargs)
 
     wrap(module, "_set_envs_and_config", set_envs_wrapper, ID)
@@ -100,7 +100,7 @@ def _truncating(mode):
 def patch_sampler(module, settings):
     from nrl_shim.patching import wrap
 
-    mode = getattr(settings, "logprobs", "auto")
+    mode = settings.logprobs
 
     def forward_wrapper(wrapped, instance, args, kwargs):
         sampling_info = args[1] if len(args) > 1 else kwargs.get("sampling_info")

@@ -22,7 +22,6 @@ of all three in NRL_SHIM_DISABLE).
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
 from nrl_shim.quirks.vllm._common import engine_config_handlers
-from nrl_shim.settings import Variable, choice
 
 ID = "vllm-sampling-defaults"
 SUMMARY = (
@@ -38,20 +37,8 @@ REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.from_cli_args",
     "vllm.engine.arg_utils:EngineArgs.generation_config",
 )
-MODES = ("rl", "serving")
+MODES = ("rl", "serving")  # NRL_SHIM_SAMPLING_DEFAULTS (settings.ENGINE_VARIABLES: both engines read it)
 EXPLAIN_FIELDS = ("model_config.generation_config",)  # for `nrl-shim explain`
-SETTINGS = (
-    Variable(
-        "NRL_SHIM_SAMPLING_DEFAULTS",
-        "sampling_defaults",
-        choice(*MODES),
-        "rl",
-        "`rl` / `serving`",
-        "`rl`: vLLM engines sample as an RL trainer assumes where the user left vLLM's defaults (no checkpoint "
-        "generation_config sampling defaults, logprobs as the trainer computes them, tool calls not "
-        "grammar-constrained); `serving`: vLLM's serving defaults (for a job that serves the checkpoint to users)",
-    ),
-)
 
 SAMPLING_FIELDS = (
     "repetition_penalty",

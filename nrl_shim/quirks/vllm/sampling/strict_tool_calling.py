@@ -19,7 +19,7 @@ Left out: a parser class that replaces _apply_structural_tag with its own (0.32:
 
 Before it was split off vllm-rollout-sampling (still the name of all three in NRL_SHIM_DISABLE), this fix set the
 variable to 0, which also dropped the grammar of a request whose own tool says `strict: true`.
-NRL_SHIM_SAMPLING_DEFAULTS=serving (declared by vllm-sampling-defaults) leaves vLLM's tool calling alone too.
+NRL_SHIM_SAMPLING_DEFAULTS=serving (a setting both engines share) leaves vLLM's tool calling alone too.
 """
 
 ID = "vllm-strict-tool-calling"

@@ -22,7 +22,7 @@ _engine_args.py), never from the field. Where the caller asked for processed_log
 RL HEAD, which truncates its training logits too, none). A release without the option (0.9.x): the V1 sampler's raw
 logprobs are scaled the same way (nothing to choose there). V0 engines (no raw path) are not reached: the first
 request whose logprobs differ is named (strict mode: an error).
-NRL_SHIM_SAMPLING_DEFAULTS=serving (declared by vllm-sampling-defaults) leaves vLLM's logprobs alone too. One of three
+NRL_SHIM_SAMPLING_DEFAULTS=serving (a setting both engines share) leaves vLLM's logprobs alone too. One of three
 fixes once under the id vllm-rollout-sampling (still the name of all three in NRL_SHIM_DISABLE).
 """
 
@@ -31,7 +31,6 @@ from typing import Any
 
 from nrl_shim.quirks._trainer import trainer_truncates
 from nrl_shim.quirks.vllm import _engine_args as engine_args_tracker
-from nrl_shim.settings import Variable, choice
 
 ID = "vllm-trainer-logprobs"
 SUMMARY = (
@@ -62,22 +61,8 @@ REQUIRES = (
     "vllm.v1.sample.sampler:Sampler.forward",
     "vllm.v1.sample.sampler:Sampler.compute_logprobs",
 )
-LOGPROBS = ("auto", "full", "truncated")
+LOGPROBS = ("auto", "full", "truncated")  # NRL_SHIM_LOGPROBS (settings.ENGINE_VARIABLES: both engines read it)
 EXPLAIN_FIELDS = ("model_config.logprobs_mode",)  # for `nrl-shim explain`
-SETTINGS = (
-    Variable(
-        "NRL_SHIM_LOGPROBS",
-        "logprobs",
-        choice(*LOGPROBS),
-        "auto",
-        "`auto` / `full` / `truncated`",
-        "the logprobs a vLLM engine returns where the caller left vLLM's logprobs_mode: `auto`: `truncated` in a "
-        "process running NeMo RL with training-time top-k/top-p (HEAD), else `full`; `full`: the full-vocabulary "
-        "log_softmax(logits / T) before penalties, min-p, top-k and top-p (TRL, verl, a hand-written loop); "
-        "`truncated`: vLLM's processed_logprobs, renormalised over the tokens top-k/top-p/min-p keep, after penalties "
-        "(a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
-    ),
-)
 
 # vllm.v1.sample.sampler (V1 model runner, the CPU build's) and vllm.v1.worker.gpu.sample.sampler (model runner V2,
 # read in 0.27.1, 0.29.0, 0.32.0, 0.33.0; the default on GPUs with Triton in 0.32/0.33): where the returned logprobs
