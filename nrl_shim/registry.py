@@ -42,7 +42,12 @@ A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk A
                                name (never an error at start-up: the job may never meet the case); the fix still
                                acts, and asks registry.missing_part(ID, part) where the case happens, to warn then
                                (strict mode: raise its own error) or cover it another way. doctor shows it as
-                               "acts, part missing"; `doctor --strict` exits 3 naming it
+                               "acts, part missing"; `doctor --strict` exits 3 naming it. An optional hook is a part:
+                               never a `hasattr` that skips it silently, never REQUIRES (which would withdraw the whole
+                               fix on an unverified release that lacks it)
+    PART_RELEASES           -- optional {part: specifier of LIBRARY}: the releases on which that part's names are
+                               expected (read in the wheels, e.g. a hook vLLM added in 0.25: ">=0.25"). On the others
+                               the part is not checked, nothing is said: the release has no such case
     check(module) -> str|None -- optional: further checks of a target module on unverified releases (e.g. a marker in
                                its source); returns what is missing, or None
     SETTINGS                -- optional: the NRL_* variables it reads (settings.Variable, parsed by one of the parsers
@@ -50,14 +55,16 @@ A quirk module declares (ddtrace/OpenTelemetry style; this is the public quirk A
                                (registry.variables())
     ALSO_REQUIRES           -- optional {distribution: specifier} the fix needs as well (e.g. a transformers fix
                                that acts through torch's context_parallel)
-    TARGETS                 -- module names, each patched once imported (before or after activation): a tuple (the
-                               module's patch/unpatch handle all of them) or {name: (patch, unpatch)} per target
+    TARGETS                 -- {module name: (patch, unpatch)}: each target module patched once imported (before or
+                               after activation) by its own functions, never one patch() branching on the name.
+                               patch(module, settings) and unpatch(module) are idempotent; use nrl_shim.patching.wrap /
+                               unwrap. `settings` is the active Settings, handed down by activation (quirks never
+                               import activation). QuirkContract checks this form; a plugin written before it (a
+                               tuple of names, the module's own patch/unpatch for all) is still read
     PRE_TARGETS             -- optional {name: before(module, settings)}: run right before that target module executes
                                (its namespace still empty; for fixes that must act before its code runs, e.g. a name
                                its imports need); `before` returns None or a callable run once the module executed,
                                whether it succeeded or not. Each name is also in TARGETS. Carried in the index.
-    patch(module, settings), unpatch(module) -- idempotent; use nrl_shim.patching.wrap / unwrap. `settings` is the
-                               active Settings, handed down by activation (quirks never import activation)
     setup(settings)         -- optional, runs at activation (stdlib only): the one reason a quirk module is imported
                                at start-up; teardown() undoes it at deactivation
     SETUP_ARGV              -- optional, with setup(): the command-line option without which setup() has nothing to
@@ -111,6 +118,7 @@ _FROM_MODULE = frozenset(
         "verified",
         "requires",
         "parts",
+        "part_releases",
         "affected",
         "not_affected",
         "case",
@@ -146,6 +154,7 @@ class Quirk:
     verified: "dict[str, str]"  # distribution -> specifier of the releases verified (LIBRARY's and ALSO_REQUIRES')
     requires: "tuple[str, ...]"
     parts: "dict[str, tuple[str, ...]]"  # part -> the names only it relies on (PARTS)
+    part_releases: "dict[str, str]"  # part -> LIBRARY's releases where its names are expected (PART_RELEASES)
     affected: "str | None"  # AFFECTED: LIBRARY's releases where the bug exists (None: every release)
     not_affected: "str | None"  # NOT_AFFECTED: why releases outside AFFECTED lack the bug
     case: "str | None"  # CASE: the case the fix covers, named when it happens where the fix cannot reach
@@ -198,9 +207,9 @@ class Quirk:
     def _load(self, module: "ModuleType") -> None:
         declared = vars(self)
         targets = module.TARGETS
-        if isinstance(targets, dict):  # {module name: (patch, unpatch)}: each target its own functions
+        if isinstance(targets, dict):  # the contract's form: {module name: (patch, unpatch)}
             handlers = dict(targets)
-        else:  # a tuple of module names, all handled by the module's patch/unpatch
+        else:  # a plugin written before it: a tuple of names, all handled by the module's patch/unpatch
             handlers = {name: (module.patch, module.unpatch) for name in targets}
         for name, value in (
             ("module", module),
@@ -213,6 +222,7 @@ class Quirk:
             ("verified", _verified(module)),
             ("requires", tuple(getattr(module, "REQUIRES", ()))),
             ("parts", {part: tuple(names) for part, names in dict(getattr(module, "PARTS", {})).items()}),
+            ("part_releases", dict(getattr(module, "PART_RELEASES", {}))),
             ("affected", getattr(module, "AFFECTED", None)),
             ("not_affected", getattr(module, "NOT_AFFECTED", None)),
             ("case", getattr(module, "CASE", None)),
@@ -288,6 +298,19 @@ class Quirk:
                 return False, installed if other is not None else None, why
             reason += f"; {why}"
         return applies, installed, reason
+
+    def _has_release(self, versions: str) -> bool:
+        """Whether LIBRARY's installed release is in `versions` (an unreadable or absent one counts as in: checked)."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        from .libraries import find
+
+        installed = find(self.library).version
+        try:
+            return installed is None or SpecifierSet(versions).contains(Version(installed), prereleases=True)
+        except InvalidVersion:
+            return True
 
     def unaffected(self, installed: "str | None" = None) -> "str | None":
         """Why there is nothing to fix when LIBRARY's installed release is outside AFFECTED and outside VERSIONS
@@ -374,9 +397,12 @@ class Quirk:
         return missing
 
     def missing_parts(self, module: "ModuleType") -> "dict[str, list[str]]":
-        """{part: its PARTS names in target `module` that are not there}, for the parts lacking one; {} when none is."""
+        """{part: its PARTS names in target `module` that are not there}, for the parts lacking one; {} when none is.
+        A part whose PART_RELEASES leave out the installed release is not checked."""
         found = {}
         for part, names in self.parts.items():
+            if part in self.part_releases and not self._has_release(self.part_releases[part]):
+                continue
             lacking = [name for name in names if name.partition(":")[0] == module.__name__ and not _has(module, name)]
             if lacking:
                 found[part] = lacking

@@ -95,6 +95,29 @@ def test_parts_are_read_and_checked_by_the_requires_syntax():
     assert registry.Quirk(quirk_module(PARTS={})).parts == {}
 
 
+def test_a_part_is_checked_only_on_the_releases_its_part_releases_name():
+    # PART_RELEASES: a hook upstream added in some release is expected from there; before it, its absence is how that
+    # release is (no case to cover), never a warning. `packaging` is the test quirk's LIBRARY (installed: >= 21).
+    module = target(Engine=Engine)  # `hook` absent
+    expected_here = registry.Quirk(quirk_module(PART_RELEASES={PART: ">=1"}))
+    assert expected_here.missing_parts(module) == {PART: ["parts_target:hook(layer, info)"]}
+    not_yet = registry.Quirk(quirk_module(PART_RELEASES={PART: ">=1000"}))
+    assert not_yet.part_releases == {PART: ">=1000"} and not_yet.missing_parts(module) == {}
+
+
+def test_a_missing_part_never_withdraws_the_fix_on_an_unverified_release(active):
+    # A release newer than those verified: REQUIRES are checked and, lacking, withdraw the whole fix; a part's names
+    # are not REQUIRES: the rest of the fix acts, one WARNING names the part (vllm-layerwise-refit's CPU prepack hook
+    # gone leaves the GPU reload on).
+    quirk = registry.Quirk(quirk_module(VERIFIED="<1", REQUIRES=("parts_target:Engine.step",)))
+    module = target(Engine=Engine)  # the part's `hook` gone, what REQUIRES names there
+    activation._apply(quirk, module)
+    assert module.patched is True and ("test-parts", "parts_target") in activation._State.patched
+    warnings = [r.getMessage() for r in active if r.levelno >= logging.WARNING]
+    assert any("acts, but not for calls in a row" in w for w in warnings), warnings
+    assert not any("fix skipped" in w for w in warnings), warnings
+
+
 def test_a_part_present_says_nothing_and_covers_the_case(active):
     quirk = registry.Quirk(quirk_module())
     module = target(Engine=Engine, hook=hook)

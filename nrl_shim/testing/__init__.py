@@ -140,6 +140,14 @@ class QuirkContract:
         for entry in quirk.requires:
             assert re.fullmatch(r"[\w.]+:[\w.]+(\([\w, ]*\))?", entry), f"{quirk.id}: REQUIRES entry {entry!r}"
             assert entry.partition(":")[0] in quirk.targets, f"{quirk.id}: {entry!r} is not in one of its TARGETS"
+        # One form for its targets: {module name: (patch, unpatch)}, each target its own functions (registry.py).
+        assert isinstance(quirk.module.TARGETS, dict), f"{quirk.id}: TARGETS is not {{module name: (patch, unpatch)}}"
+        for names in quirk.parts.values():
+            for entry in names:
+                assert re.fullmatch(r"[\w.]+:[\w.]+(\([\w, ]*\))?", entry), f"{quirk.id}: PARTS entry {entry!r}"
+                assert entry.partition(":")[0] in quirk.targets, f"{quirk.id}: {entry!r} is not in one of its TARGETS"
+        for part, versions in quirk.part_releases.items():
+            assert part in quirk.parts and SpecifierSet(versions) is not None, f"{quirk.id}: PART_RELEASES {part!r}"
         declared_apart = "VERIFIED" in vars(quirk.module)
         upper = any(spec.operator in ("<", "<=") for spec in SpecifierSet(quirk.versions))
         if declared_apart and upper:

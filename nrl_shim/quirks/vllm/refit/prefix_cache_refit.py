@@ -51,53 +51,81 @@ REQUIRES = (
     "vllm.v1.core.sched.scheduler:Scheduler.reset_prefix_cache",
     "vllm.v1.core.block_pool:BlockPool.cache_full_blocks",
 )
-TARGETS = (
-    "vllm.model_executor.model_loader.base_loader",
-    "vllm.v1.engine.core",
-    "vllm.v1.core.sched.scheduler",
-    "vllm.v1.core.block_pool",
-)
+_LOADER, _CORE = "vllm.model_executor.model_loader.base_loader", "vllm.v1.engine.core"
+_SCHEDULER, _BLOCK_POOL = "vllm.v1.core.sched.scheduler", "vllm.v1.core.block_pool"
+# Every way a block enters the prefix cache names its request first: cache_full_blocks on every release, and
+# cache_partial_block from 0.25 (read in the wheels). Without the latter there, a partial block cached after a refit is
+# not keyed as the request's: one WARNING names it at start-up.
+_PARTIAL_PART = "partially filled blocks cached"
+PARTS = {_PARTIAL_PART: (f"{_BLOCK_POOL}:BlockPool.cache_partial_block",)}
+PART_RELEASES = {_PARTIAL_PART: ">=0.25"}
 
 WHAT = "vLLM prefix cache after a refit"
-_CACHING_METHODS = ("cache_full_blocks", "cache_partial_block")
 # This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
 # can't tell its refits: the engine core then assumes one after each RPC).
 _MODELS = ModelWatch(ID)
 
 
-def patch(module, settings):
+def patch_loader(module, settings):
     from nrl_shim.patching import wrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
-    elif name.endswith(".core"):
-        wrap(module.EngineCore, "collective_rpc", _collective_rpc_wrapper, ID)
-    elif name.endswith(".scheduler"):
-        wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-        wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
-    else:  # every way a block enters the prefix cache names its request first (cache_partial_block: 0.25+)
-        for method in _CACHING_METHODS:
-            if hasattr(module.BlockPool, method):
-                wrap(module.BlockPool, method, _cache_blocks_wrapper, ID)
+    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
 
 
-def unpatch(module):
+def unpatch_loader(module):
     from nrl_shim.patching import unwrap
 
-    name = module.__name__
-    if name.endswith(".base_loader"):
-        unwrap(module.BaseModelLoader, "load_model", ID)
-        _MODELS.unwatch_all()
-    elif name.endswith(".core"):
-        unwrap(module.EngineCore, "collective_rpc", ID)
-    elif name.endswith(".scheduler"):
-        unwrap(module.Scheduler, "schedule", ID)
-        unwrap(module.Scheduler, "reset_prefix_cache", ID)
-    else:
-        for method in _CACHING_METHODS:
-            if hasattr(module.BlockPool, method):
-                unwrap(module.BlockPool, method, ID)
+    unwrap(module.BaseModelLoader, "load_model", ID)
+    _MODELS.unwatch_all()
+
+
+def patch_core(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.EngineCore, "collective_rpc", _collective_rpc_wrapper, ID)
+
+
+def unpatch_core(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.EngineCore, "collective_rpc", ID)
+
+
+def patch_scheduler(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
+    wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
+
+
+def unpatch_scheduler(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Scheduler, "schedule", ID)
+    unwrap(module.Scheduler, "reset_prefix_cache", ID)
+
+
+def patch_block_pool(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.BlockPool, "cache_full_blocks", _cache_blocks_wrapper, ID)
+    if hasattr(module.BlockPool, "cache_partial_block"):  # a release without it: the part's WARNING said so
+        wrap(module.BlockPool, "cache_partial_block", _cache_blocks_wrapper, ID)
+
+
+def unpatch_block_pool(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.BlockPool, "cache_full_blocks", ID)
+    unwrap(module.BlockPool, "cache_partial_block", ID)
+
+
+TARGETS = {
+    _LOADER: (patch_loader, unpatch_loader),
+    _CORE: (patch_core, unpatch_core),
+    _SCHEDULER: (patch_scheduler, unpatch_scheduler),
+    _BLOCK_POOL: (patch_block_pool, unpatch_block_pool),
+}
 
 
 def describe(settings, version):

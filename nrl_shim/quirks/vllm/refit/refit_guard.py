@@ -33,8 +33,8 @@ REQUIRES = (
     "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_model",
     "vllm.model_executor.model_loader.dummy_loader:DummyModelLoader.load_weights",
 )
-# DummyModelLoader lives in model_loader/loader.py on 0.8.x and in model_loader/dummy_loader.py from 0.9.
-TARGETS = ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader")
+# DummyModelLoader's module: loader.py up to 0.8.x, dummy_loader.py from 0.9 (one per release, patched alike).
+LOADER_MODULES = ("vllm.model_executor.model_loader.loader", "vllm.model_executor.model_loader.dummy_loader")
 
 SAMPLES = 8  # positions per tensor: a written tensor changes at all of them (dummy values are random floats)
 _SHOWN = 8  # names listed in the warning; all of them at DEBUG
@@ -87,6 +87,9 @@ def unpatch(module):
         guard = getattr(model, "_nrl_shim_refit_guard", None)
         if guard is not None:
             guard.stop()
+
+
+TARGETS = {name: (patch, unpatch) for name in LOADER_MODULES}
 
 
 def describe(settings, version):

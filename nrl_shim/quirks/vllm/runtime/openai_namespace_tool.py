@@ -25,7 +25,6 @@ VERSIONS, VERIFIED = ">=0.9.2", ">=0.9.2,<0.34"
 AFFECTED = VERSIONS
 NOT_AFFECTED = "vLLM 0.8.5 and 0.9.1 have no vllm/tool_parsers/utils.py, the file that imports NamespaceTool"
 MODULE = "vllm.tool_parsers.utils"  # vllm/tool_parsers/ since the tool parsers left vllm/entrypoints/openai/
-TARGETS = (MODULE,)
 SOURCE = "openai.types.responses"
 # The names some release imports there (NamespaceTool: openai 2.25.0; CustomTool, ToolChoiceCustom: vLLM 0.32.0).
 NAMES = ("NamespaceTool", "CustomTool", "ToolChoiceCustom")
@@ -114,3 +113,6 @@ def patch(module, settings):
 
 def unpatch(module):
     pass  # the module keeps the stand-in it bound (nothing can be an instance of it)
+
+
+TARGETS = {MODULE: (patch, unpatch)}

