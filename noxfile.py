@@ -9,6 +9,7 @@ uv's hard-linked cache keeps one copy of each wheel on disk. A fresh machine bui
 
 import glob
 import os
+import tempfile
 from pathlib import Path
 
 import nox
@@ -80,6 +81,20 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+
+
+# What a release publishes, built as it would be: `python -m build` makes the sdist, then the wheel from the sdist (the
+# build backend in build's isolated env, installed by uv), into a fresh temp dir; `twine check --strict` on both; then
+# tools/check_dist.py, what each must hold and must not (the file says). After `lint`, before the engine sessions.
+@nox.session(python="3.11", tags=["ci"])
+def package(session: nox.Session) -> None:
+    """Build the sdist and wheel, `twine check --strict` them, and check their contents (tools/check_dist.py)."""
+    session.install("build>=1.2", "twine>=6.1")
+    with tempfile.TemporaryDirectory(prefix="nrl-shim-dist-") as outdir:
+        session.run("python", "-m", "build", "--installer", "uv", "--outdir", outdir, ".")
+        artifacts = sorted(glob.glob(os.path.join(outdir, "*")))
+        session.run("twine", "check", "--strict", *artifacts)
+        session.run("python", "tools/check_dist.py", outdir)
 
 
 @nox.session(python="3.11")
