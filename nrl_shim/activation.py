@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from .registry import Quirk
+    from .registry import Quirk, Release, Verdict
     from .settings import Settings
 
 
@@ -30,9 +30,10 @@ class _State:
     pre_targets: "frozenset[str]" = frozenset()  # those with a PRE_TARGETS hook (run before the module executes)
     patched: "set[tuple[str, str]]" = set()  # (quirk id, target module name) currently patched
     applying: "set[tuple[str, str]]" = set()  # (quirk id, target module name) being patched by some thread right now
-    gates: "dict[str, tuple[bool, str | None, str]]" = {}  # quirk id -> (applies, version, reason), computed on first target import
+    releases: "dict[str, Release]" = {}  # quirk id -> registry.release_of(), on its first target import
+    withdrawn: "dict[str, str]" = {}  # quirk id -> why it was withdrawn (lacking what it needs on an unverified release)
+    verdicts: "dict[str, Verdict]" = {}  # quirk id -> registry.verdict() at its latest target import (doctor's own)
     skipped: "set[str]" = set()  # quirk ids already warned about
-    unverified: "dict[str, str | None]" = {}  # quirk id -> why its release is not among those verified (None: verified)
 
 
 _lock = _thread.RLock()
@@ -49,6 +50,11 @@ def is_active() -> bool:
     """Whether the shim is active in this process (at interpreter start-up it may be armed only: it loads at the first
     import of a target, nrl_shim/_startup.py)."""
     return _State.active or _startup.is_armed()
+
+
+def verdicts() -> "dict[str, Verdict]":
+    """The verdict of each fix a target of which was imported in this process (registry.verdict, as doctor's)."""
+    return dict(_State.verdicts)
 
 
 def patched() -> "list[tuple[str, str]]":
@@ -272,28 +278,34 @@ def _gated(
     quirk: "Quirk", module: "ModuleType", step: "Callable[[ModuleType, Settings], Any]", verb: str
 ) -> "tuple[bool, Any]":
     """The one gate sequence around a fix's step at `module` (verb "prepare": its PRE_TARGETS hook, before the module
-    executes; "patch": patch(), after): the fix's versions, then, on a release nobody verified, the names it relies on
-    (after execution only: before, the module is empty), then the step; any failure but a ShimError is a skip, never
-    the user's import failing. Returns (whether the step ran, what it returned)."""
-    applies, version, reason = _gate(quirk)
-    if not applies and version is None:
+    executes; "patch": patch(), after): the fix's verdict (registry.verdict: versions, then, on a release nobody
+    verified, the names it relies on in the target modules executed so far), then the step; any failure but a
+    ShimError is a skip, never the user's import failing. Returns (whether the step ran, what it returned)."""
+    settings = _State.settings
+    if settings is None:
+        return False, None  # deactivated meanwhile
+    executed = {name: sys.modules[name] for name in quirk.targets if name in sys.modules and name != module.__name__}
+    if verb == "patch":  # before it executes, its namespace is empty: nothing to check there yet
+        executed[module.__name__] = module
+    release = _State.releases.get(quirk.id)
+    if release is None:
+        release = _State.releases.setdefault(quirk.id, registry.release_of(quirk))
+    found = registry.verdict(quirk, settings, executed, release, _State.withdrawn.get(quirk.id))
+    _State.verdicts[quirk.id] = found
+    if found.state in registry.NOTHING_TO_FIX:
         # The library the fix is about is absent (e.g. torch-only user, transformers fix), has upstream's fix, or is a
         # release without the bug (AFFECTED): nothing to fix here.
         if verb == "patch":  # said once, after the import: not again before it
-            if quirk.affected is not None and reason.startswith("not affected:"):
-                _report().unchanged(quirk.id, f"{quirk.library} release", reason)  # the job's report says so
+            if found.state == registry.NOT_AFFECTED:
+                _report().unchanged(quirk.id, f"{quirk.library} release", found.reason, state=found.state)
             else:
-                _report().logger().debug("[%s] not applicable: %s", quirk.id, reason)
+                _report().logger().debug("[%s] not applicable: %s", quirk.id, found.reason)
         return False, None
-    settings = _State.settings
-    if not applies:
-        if not quirk.case:
-            _skip(quirk, reason)
-            return False, None
+    if found.state == registry.OUT_OF_RANGE and found.case:
         # The bug is here and the fix cannot reach it: named once now, and at the case itself (strict: an error then).
         _report()
-        registry.note_gap(quirk, reason)
-        if verb != "patch" or settings is None:
+        registry.note_gap(quirk, found.reason)
+        if verb != "patch":
             return False, None
         try:
             guarded = quirk.guard_case(module, settings)
@@ -306,18 +318,13 @@ def _gated(
             )
             return False, None
         return guarded, None
-    if settings is None:
-        return False, None  # deactivated meanwhile
+    if not found.applied:  # out of range, or on a release nobody verified a fix whose names are gone: it does not guess
+        if found.missing:
+            _withdraw(quirk, found.reason)
+        _skip(quirk, found.reason, found.state)
+        return False, None
     if verb == "patch" and not quirk.patches(module.__name__):
         return False, None  # a CASE_TARGETS module only: its hook is for releases the fix does not reach
-    unverified = _unverified(quirk)
-    if unverified and verb == "patch":
-        missing = quirk.missing(module)
-        if missing:  # on a release nobody verified, a fix whose parts are gone does nothing rather than guess
-            reason = f"{unverified}, and {module.__name__} lacks what it needs: {'; '.join(missing)}"
-            _withdraw(quirk, reason)
-            _skip(quirk, reason)
-            return False, None
     _report()  # the quirk may log while acting: at the active level
     from .errors import ShimError
 
@@ -328,35 +335,16 @@ def _gated(
     except Exception as exc:  # never break the user's import over a fix we could not apply
         _skip(quirk, f"could not {verb} {module.__name__}: {type(exc).__name__}: {exc}")
         return False, None
-    if unverified:
-        _say_unverified(quirk, unverified)
+    if release[1]:
+        _say_unverified(quirk, release[1])
     return True, result
-
-
-def _gate(quirk: "Quirk") -> "tuple[bool, str | None, str]":
-    """The fix's (applies, installed version, reason), computed once per process."""
-    if quirk.id not in _State.gates:
-        try:
-            _State.gates[quirk.id] = quirk.gate()
-        except Exception as exc:  # e.g. a plugin's VERSIONS that is no specifier: skip, never break the import
-            _State.gates[quirk.id] = (False, "?", f"cannot check its versions: {type(exc).__name__}: {exc}")
-    return _State.gates[quirk.id]
-
-
-def _unverified(quirk: "Quirk") -> "str | None":
-    if quirk.id not in _State.unverified:
-        try:
-            _State.unverified[quirk.id] = quirk.unverified()
-        except Exception as exc:  # e.g. a plugin's VERIFIED that is no specifier: say so, as for an unverified one
-            _State.unverified[quirk.id] = f"cannot read its verified releases: {type(exc).__name__}: {exc}"
-    return _State.unverified[quirk.id]
 
 
 def _withdraw(quirk: "Quirk", reason: str) -> None:
     """A fix found lacking at one of its targets acts at none: its targets patched already are unpatched, later ones
-    are skipped (its gate now says so)."""
+    are skipped (its verdict now says so)."""
     with _lock:
-        _State.gates[quirk.id] = (False, _State.gates[quirk.id][1], reason)
+        _State.withdrawn[quirk.id] = reason
         done = [name for quirk_id, name in _State.patched if quirk_id == quirk.id]
         _State.patched.difference_update((quirk.id, name) for name in done)
     for name in done:
@@ -369,7 +357,11 @@ def _say_unverified(quirk: "Quirk", why: str) -> None:
     """Once per process and fix: it acts on a release newer than those verified (its own checks passed)."""
     checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared to check"
     _report().warn_once(
-        quirk.id, "unverified", f"[{quirk.id}] acts on an unverified release: {why}; {checked}", kind="unverified"
+        quirk.id,
+        "unverified",
+        f"[{quirk.id}] acts on an unverified release: {why}; {checked}",
+        kind="unverified",
+        state=registry.UNVERIFIED,
     )
 
 
@@ -396,11 +388,10 @@ def _stop_if_any_fix_out_of_range(settings: "Settings") -> None:
 
     out = []
     for quirk in registry.quirks():
-        if settings.is_enabled(quirk.id):
-            applies, installed, reason = quirk.gate()
-            # not installed, fixed upstream or not affected (installed None): nothing to fix, never an error
-            if not applies and installed is not None and not quirk.case:
-                out.append((quirk.id, reason))
+        found = registry.verdict(quirk, settings, release=_State.releases.get(quirk.id))
+        # not installed, fixed upstream or not affected: nothing to fix, never an error; a CASE raises when it happens
+        if found.state == registry.OUT_OF_RANGE and not found.case:
+            out.append((quirk.id, found.reason))
     if out:
         skipped = "; ".join(f"[{quirk_id}] {reason}" for quirk_id, reason in out)
         ids = ",".join(quirk_id for quirk_id, _ in out)
@@ -410,7 +401,9 @@ def _stop_if_any_fix_out_of_range(settings: "Settings") -> None:
         )
 
 
-def _skip(quirk: "Quirk", reason: str) -> None:
+def _skip(quirk: "Quirk", reason: str, state: str = "skipped") -> None:
+    """The fix does not act in this process (`state`: its verdict; a step that failed is `skipped`): one WARNING, in
+    strict mode QuirkSkippedError."""
     message = f"[{quirk.id}] fix skipped: {reason}"
     if _State.settings is not None and _State.settings.strict:
         from .errors import QuirkSkippedError
@@ -418,4 +411,4 @@ def _skip(quirk: "Quirk", reason: str) -> None:
         raise QuirkSkippedError(f"{message} (NRL_SHIM_STRICT=1; to go on without it set NRL_SHIM_DISABLE={quirk.id})")
     if quirk.id not in _State.skipped:
         _State.skipped.add(quirk.id)
-        _report().record(quirk.id, "skipped", "%s", message)
+        _report().record(quirk.id, "skipped", "%s", message, state=state)

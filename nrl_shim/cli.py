@@ -10,7 +10,6 @@ passes;
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import platform
@@ -57,17 +56,25 @@ def _env_activation_status():
     return {"pth": pth, "working": working, "detail": detail}
 
 
-# Doctor's states for a fix: what a user needs to know before launching. `applies`: acts, on a verified release;
-# `unverified`: acts, on a release newer than those verified (its checks of what it touches passed); `skipped`: on such
-# a release, something it needs is missing; `out-of-range`: below the releases it supports (skipped); `fixed-upstream`:
-# the installed release has upstream's fix (nothing to do); `part-missing`: acts, but a part of it (PARTS) lacks a name
-# on this release, so the case that part covers is only named when it happens; `not-affected`: a release without the
-# bug (outside the fix's AFFECTED: nothing to do). `out-of-range` is a release with the bug the fix cannot reach; one
-# whose fix declares a CASE has "case" in its entry: that case is named when it happens (strict: an error then).
-APPLIES, IDLE, NOT_INSTALLED, OUT_OF_RANGE, DISABLED = "applies", "idle", "not-installed", "out-of-range", "disabled"
-UNVERIFIED, SKIPPED, FIXED_UPSTREAM, PART_MISSING = "unverified", "skipped", "fixed-upstream", "part-missing"
-NOT_AFFECTED = "not-affected"
-ACTS = (APPLIES, UNVERIFIED, PART_MISSING)
+# Doctor's states for a fix are registry.verdict()'s, the function activation gates with: `applies`: acts, on a
+# verified release; `unverified`: acts, on a release newer than those verified (its checks of what it touches passed);
+# `skipped`: on such a release, something it needs is missing; `out-of-range`: a release with the bug the fix cannot
+# reach (one whose fix declares a CASE has "case" in its entry: that case is named when it happens, strict: an error
+# then); `fixed-upstream`: the installed release has upstream's fix; `part-missing`: acts, but a part of it (PARTS)
+# lacks a name on this release, so the case that part covers is only named when it happens; `not-affected`: a release
+# without the bug; `idle`: applies, nothing to do with these settings; `not-installed`; `disabled`.
+APPLIES, UNVERIFIED, SKIPPED, PART_MISSING = (
+    registry.APPLIES,
+    registry.UNVERIFIED,
+    registry.SKIPPED,
+    registry.PART_MISSING,
+)
+OUT_OF_RANGE, NOT_AFFECTED, ACTS, STRICT_FAILS = (
+    registry.OUT_OF_RANGE,
+    registry.NOT_AFFECTED,
+    registry.ACTS,
+    registry.STRICT_FAILS,
+)
 SHOWN = {
     APPLIES: "acts, verified",
     UNVERIFIED: "acts, unverified",
@@ -75,7 +82,6 @@ SHOWN = {
     PART_MISSING: "acts, part missing",
     NOT_AFFECTED: "not affected",
 }  # the rest as they are
-STRICT_FAILS = (OUT_OF_RANGE, SKIPPED, PART_MISSING)
 EXIT_OK, EXIT_UNUSABLE, EXIT_STRICT = 0, 1, 3
 
 
@@ -90,87 +96,21 @@ def _quirk_entry(quirk, settings):
     source = registry.origin(quirk.id)
     if source != registry.BUILTIN:
         entry["from"] = source  # a plugin quirk: the distribution that declared it (entry-point group nrl_shim.quirks)
-    if settings is not None and not settings.is_enabled(quirk.id):
-        entry["status"], entry["reason"] = DISABLED, "listed in NRL_SHIM_DISABLE"
-        return entry
-    applies, version, reason = quirk.gate()
-    if not applies:
-        if version is not None:
-            state = OUT_OF_RANGE
-            if quirk.case:
-                entry["case"] = quirk.case
-                reason += f"; {quirk.case} is named when it happens (strict mode: an error then)"
-        elif quirk.fixed_upstream():
-            state = FIXED_UPSTREAM
-        else:
-            state = NOT_AFFECTED if quirk.unaffected() else NOT_INSTALLED
-        entry["status"], entry["reason"] = state, reason.removeprefix("not affected: ")  # the state says it
-        return entry
-    unverified = quirk.unverified()
-    if unverified:
-        missing = _missing(quirk)
-        if missing:
-            entry["status"], entry["reason"] = SKIPPED, f"{unverified}; missing: {'; '.join(missing)}"
-            return entry
-        checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared"
-        entry["status"], entry["reason"] = UNVERIFIED, f"{unverified}; {checked}"
-        return _with_parts(entry, quirk)
-    verified = [
-        f"{lib}{spec}"
-        for lib, spec in quirk.verified.items()
-        if spec != {quirk.library: quirk.versions, **quirk.also_requires}.get(lib)
-    ]
-    if verified:
-        reason += f"; verified on {', '.join(verified)}"
-    idle = quirk.idle(settings, version) if settings is not None and quirk.idle else None
-    entry["status"], entry["reason"] = (IDLE, f"{reason}; nothing to do: {idle}") if idle else (APPLIES, reason)
-    if not idle and settings is not None and quirk.describe:
-        entry["detail"] = quirk.describe(settings, version)
-    return _with_parts(entry, quirk)
-
-
-def _with_parts(entry, quirk):
-    """A fix that acts, one of whose parts (PARTS) lacks a name on this release: state part-missing, the part and the
-    names in its reason. Doctor imports the modules the parts name (a job checks each when it is imported). A module
-    the release does not ship at all is one no job imports, so a job never names it either: not a missing part (e.g.
-    vllm-layerwise-refit's reload hooks on a vLLM before its layerwise reload, where the fix acts without them)."""
-    if entry["status"] == IDLE or not quirk.parts:
-        return entry
-    missing: dict[str, list[str]] = {}
-    for name in dict.fromkeys(n.partition(":")[0] for names in quirk.parts.values() for n in names):
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:  # broken on this release (a module it imports is gone): that is what its parts miss
-            absent = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-            if absent and (name == absent or name.startswith(absent + ".")):
-                continue  # not on this release at all: no job imports it
-            gone = f"module {name} ({type(exc).__name__}: {exc})"
-            for part, names in quirk.parts.items():
-                if any(n.partition(":")[0] == name for n in names):
-                    missing.setdefault(part, []).append(gone)
-            continue
-        for part, names in quirk.missing_parts(module).items():
-            missing.setdefault(part, []).extend(names)
-    if missing:
-        entry["status"] = PART_MISSING
-        entry["missing_parts"] = missing
-        lacking = "; ".join(f"{part} not covered (missing: {', '.join(names)})" for part, names in missing.items())
-        entry["reason"] = f"{entry['reason']}; part missing: {lacking}"
+    release = registry.release_of(quirk)
+    # What REQUIRES and PARTS name, imported here (a job checks each module when it is imported): only where the
+    # verdict reads them, a fix that acts.
+    modules = registry.import_named(quirk) if release[0][0] and (release[1] or quirk.parts) else None
+    found = registry.verdict(quirk, settings, modules, release)
+    reason = found.reason.removeprefix("not affected: ")  # the state says it
+    if found.case:
+        entry["case"] = found.case
+        reason += f"; {found.case} is named when it happens (strict mode: an error then)"
+    entry["status"], entry["reason"], entry["strict"] = found.state, reason, found.strict
+    if found.parts:
+        entry["missing_parts"] = found.parts
+    if found.state in (APPLIES, UNVERIFIED, PART_MISSING) and settings is not None and quirk.describe:
+        entry["detail"] = quirk.describe(settings, found.version)
     return entry
-
-
-def _missing(quirk):
-    """What a fix on an unverified release lacks: REQUIRES checked on the modules it names, imported here (doctor
-    imports them; a job checks each when it is imported)."""
-    missing = []
-    for name in dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires):
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:  # gone or broken on this release: that is what is missing
-            missing.append(f"module {name} ({type(exc).__name__}: {exc})")
-            continue
-        missing.extend(quirk.missing(module))
-    return missing
 
 
 def doctor(as_json=False, strict=False):

@@ -40,7 +40,7 @@ def directory_from_env() -> str | None:
     return None if not raw or raw.lower() == "off" else raw
 
 
-TAG = "nrl_shim"  # the LogRecord attribute report.py sets: {"quirk": id, "kind": one of KINDS}
+TAG = "nrl_shim"  # the LogRecord attribute report.py sets: {"quirk": id, "kind": one of KINDS[, "state": verdict]}
 
 
 def kind_of(record: logging.LogRecord) -> str:
@@ -122,6 +122,9 @@ class Recorder(logging.Handler):
                 "kind": kind_of(record),
                 "message": message,
             }
+            tagged = getattr(record, TAG, None)
+            if isinstance(tagged, dict) and tagged.get("state"):
+                line["state"] = tagged["state"]  # the fix's verdict, as doctor names it (registry.verdict)
             self._write(line)
         except Exception as error:  # never fail the job over its report
             self._fail(error)

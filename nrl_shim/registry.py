@@ -101,6 +101,8 @@ if TYPE_CHECKING:
     Handlers = dict[str, tuple[Callable[[ModuleType, Settings], None], Callable[[ModuleType], None]]]
     # An index entry: (module name, id, target module names, setup condition, SETTINGS); see Quirk.indexed.
     Entry = tuple[str, str, tuple[str, ...], str | None, tuple[Variable, ...]]
+    # A fix's release-level facts: gate() (applies, installed version, reason), then unverified() where it applies.
+    Release = tuple[tuple[bool, str | None, str], str | None]
 
 BUILTIN = "nrl-shim"  # the distribution the built-in quirks (nrl_shim/_quirk_index.py) come from
 
@@ -409,6 +411,190 @@ class Quirk:
         return found
 
 
+# --- The verdict: why a fix acts here or not. One function for activation (at each target's import), doctor, the
+# contract checks and the job report (activation records the state with its lines), so they cannot disagree.
+
+APPLIES, UNVERIFIED, PART_MISSING, IDLE = "applies", "unverified", "part-missing", "idle"  # the fix is applied
+SKIPPED, OUT_OF_RANGE = "skipped", "out-of-range"  # the bug may be here and the fix does not act
+NOT_INSTALLED, FIXED_UPSTREAM, NOT_AFFECTED = "not-installed", "fixed-upstream", "not-affected"  # nothing to fix
+DISABLED = "disabled"  # NRL_SHIM_DISABLE
+APPLIED = (APPLIES, UNVERIFIED, PART_MISSING, IDLE)  # patched (idle: with nothing to do under these settings)
+ACTS = (APPLIES, UNVERIFIED, PART_MISSING)  # patched, with something to do
+NOTHING_TO_FIX = (NOT_INSTALLED, FIXED_UPSTREAM, NOT_AFFECTED)
+STRICT_FAILS = (OUT_OF_RANGE, SKIPPED, PART_MISSING)  # `doctor --strict` exits 3
+
+
+class Verdict:
+    """A fix's state here, the reason in words, the installed release, what REQUIRES names are missing (skipped on an
+    unverified release), the parts lacking a name ({part: names}), its CASE, and what strict mode does about it."""
+
+    __slots__ = ("state", "reason", "version", "missing", "parts", "case")
+
+    def __init__(
+        self,
+        state: str,
+        reason: str,
+        version: "str | None" = None,
+        missing: "tuple[str, ...]" = (),
+        parts: "dict[str, list[str]] | None" = None,
+        case: "str | None" = None,
+    ) -> None:
+        self.state, self.reason, self.version, self.missing = state, reason, version, missing
+        self.parts, self.case = parts or {}, case
+
+    @property
+    def applied(self) -> bool:
+        return self.state in APPLIED
+
+    @property
+    def strict(self) -> str:
+        """What NRL_SHIM_STRICT=1 does about this state."""
+        if self.state == OUT_OF_RANGE:
+            return f"an error when {self.case} happens" if self.case else "stops the job at activation"
+        if self.state == SKIPPED:
+            return "an error at the target's import"
+        if self.state == PART_MISSING:
+            return f"an error when the case of {', '.join(self.parts)} happens"
+        return "nothing"
+
+    def __repr__(self) -> str:
+        return f"<Verdict {self.state}: {self.reason}>"
+
+
+def release_of(quirk: "Quirk") -> "Release":
+    """gate() and unverified() of `quirk`; a declaration they cannot read (a plugin's VERSIONS or VERIFIED that is no
+    specifier) is a fix that cannot tell: (False, "?", why), or an unverified release saying why. Activation keeps it
+    once per process (a release does not change under a running job)."""
+    try:
+        gate = quirk.gate()
+    except Exception as exc:
+        return (False, "?", f"cannot check its versions: {type(exc).__name__}: {exc}"), None
+    if not gate[0]:
+        return gate, None
+    try:
+        return gate, quirk.unverified()
+    except Exception as exc:
+        return gate, f"cannot read its verified releases: {type(exc).__name__}: {exc}"
+
+
+def verdict(
+    quirk: "Quirk",
+    settings: "Settings | None" = None,
+    modules: "Mapping[str, ModuleType | BaseException] | None" = None,
+    release: "Release | None" = None,
+    withdrawn: "str | None" = None,
+) -> "Verdict":
+    """Why `quirk` acts here or not. `settings`: the user's (NRL_SHIM_DISABLE, idle()); `modules`: its target modules
+    as far as they are known, each executed module or the exception its import raised (activation: those imported so
+    far; doctor: import_named(quirk)); what REQUIRES and PARTS name in a module not given is not checked. `release`:
+    release_of(quirk), computed here when not given; `withdrawn`: why activation withdrew the fix in this process."""
+    if settings is not None and not settings.is_enabled(quirk.id):
+        return Verdict(DISABLED, "listed in NRL_SHIM_DISABLE")
+    (applies, version, reason), unverified = release or release_of(quirk)
+    if not applies and version is None:  # not installed, upstream's fix, or a release without the bug
+        if quirk.affected is not None and reason.startswith("not affected:"):
+            return Verdict(NOT_AFFECTED, reason)
+        return Verdict(FIXED_UPSTREAM if quirk.fixed_upstream() else NOT_INSTALLED, reason)
+    if not applies:
+        if version == "?":  # its declarations could not be read: it cannot tell, so it does not act
+            return Verdict(SKIPPED, reason, version)
+        return Verdict(OUT_OF_RANGE, reason, version, case=quirk.case)
+    if withdrawn:
+        return Verdict(SKIPPED, withdrawn, version)
+    modules = modules or {}
+    if unverified:
+        missing, lacking = _missing_in(quirk, modules)
+        if missing:
+            return Verdict(
+                SKIPPED,
+                f"{unverified}, and {', '.join(lacking)} lacks what it needs: {'; '.join(missing)}",
+                version,
+                missing=tuple(missing),
+            )
+        checked = f"{len(quirk.requires)} name(s) it relies on checked" if quirk.requires else "no names declared"
+        state, reason = UNVERIFIED, f"{unverified}; {checked}"
+    else:
+        state = APPLIES
+        ranges = {quirk.library: quirk.versions, **quirk.also_requires}
+        verified = [f"{lib}{spec}" for lib, spec in quirk.verified.items() if spec != ranges.get(lib)]
+        if verified:
+            reason += f"; verified on {', '.join(verified)}"
+        idle = quirk.idle(settings, version) if settings is not None and quirk.idle else None
+        if idle:
+            return Verdict(IDLE, f"{reason}; nothing to do: {idle}", version)
+    parts = _parts_missing_in(quirk, modules)
+    if parts:
+        lacking_parts = "; ".join(f"{part} not covered (missing: {', '.join(names)})" for part, names in parts.items())
+        return Verdict(PART_MISSING, f"{reason}; part missing: {lacking_parts}", version, parts=parts)
+    return Verdict(state, reason, version)
+
+
+def _missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseException]") -> "tuple[list[str], list[str]]":
+    """What REQUIRES (and check()) name that the given modules lack, and which modules lack it."""
+    missing: list[str] = []
+    lacking: list[str] = []
+    for name in dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires):
+        module = modules.get(name)
+        if module is None:
+            continue
+        found = (
+            [f"module {name} ({type(module).__name__}: {module})"]
+            if isinstance(module, BaseException)
+            else quirk.missing(module)
+        )
+        if found:
+            missing.extend(found)
+            lacking.append(name)
+    if quirk.check is not None:  # check() reads target modules REQUIRES may not name
+        for name, module in modules.items():
+            if name not in lacking and not isinstance(module, BaseException) and name in quirk.targets:
+                found = [m for m in quirk.missing(module) if m not in missing]
+                if found:
+                    missing.extend(found)
+                    lacking.append(name)
+    return missing, lacking
+
+
+def _parts_missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseException]") -> "dict[str, list[str]]":
+    """{part: names lacking} in the given modules. A module the release does not ship at all is one no job imports,
+    so a job never names it either: not a missing part (e.g. vllm-layerwise-refit's reload hooks before vLLM's
+    layerwise reload); one that fails to import is (its parts' names are gone with it)."""
+    found: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n.partition(":")[0] for names in quirk.parts.values() for n in names):
+        module = modules.get(name)
+        if module is None:
+            continue
+        if isinstance(module, BaseException):
+            absent = getattr(module, "name", None) if isinstance(module, ModuleNotFoundError) else None
+            if absent and (name == absent or name.startswith(absent + ".")):
+                continue
+            gone = f"module {name} ({type(module).__name__}: {module})"
+            for part, declared in quirk.parts.items():
+                if part in quirk.part_releases and not quirk._has_release(quirk.part_releases[part]):
+                    continue
+                if any(n.partition(":")[0] == name for n in declared):
+                    found.setdefault(part, []).append(gone)
+            continue
+        for part, lacking in quirk.missing_parts(module).items():
+            found.setdefault(part, []).extend(lacking)
+    return found
+
+
+def import_named(quirk: "Quirk") -> "dict[str, ModuleType | BaseException]":
+    """Every module REQUIRES and PARTS name, imported here (doctor's way to check them ahead; a job checks each when
+    it is imported), or the exception its import raised."""
+    import importlib
+
+    found: dict[str, ModuleType | BaseException] = {}
+    names = (*quirk.requires, *(n for names in quirk.parts.values() for n in names))
+    for name in dict.fromkeys(entry.partition(":")[0] for entry in names):
+        try:
+            found[name] = importlib.import_module(name)
+        except Exception as exc:  # gone or broken on this release: the verdict says what that means
+            found[name] = exc
+    return found
+
+
 # (quirk id, part) -> the names that part lacks on this release, as found at its target modules' import.
 _MISSING_PARTS: "dict[tuple[str, str], list[str]]" = {}
 
@@ -451,6 +637,7 @@ def note_gap(quirk: "Quirk", reason: str) -> None:
         "gap",
         f"[{quirk.id}] fix skipped: {reason}; {quirk.case} is named when it happens (strict mode: an error then)",
         kind="skipped",
+        state=OUT_OF_RANGE,
     )
 
 

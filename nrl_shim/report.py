@@ -69,12 +69,22 @@ _LEVELS = {
 }
 
 
-def record(quirk_id: str | None, kind: Kind, message: str, *args: object, level: int | None = None) -> None:
-    """Log one line of what fix `quirk_id` (None: the shim's shared parts) did, of `kind` (one of job_report.KINDS), at `level` (default: WARNING for
-    skipped/unverified/warning, ERROR for error, INFO for the rest). Not deduplicated: the helpers below are."""
+def record(
+    quirk_id: str | None,
+    kind: Kind,
+    message: str,
+    *args: object,
+    level: int | None = None,
+    state: str | None = None,
+) -> None:
+    """Log one line of what fix `quirk_id` (None: the shim's shared parts) did, of `kind` (one of job_report.KINDS),
+    at `level` (default: WARNING for skipped/unverified/warning, ERROR for error, INFO for the rest); `state`: the
+    fix's verdict (registry.verdict) where activation says it, kept in the job report. Not deduplicated: the helpers
+    below are."""
     if level is None:
         level = _LEVELS.get(kind, logging.INFO)
-    logger().log(level, message, *args, extra={TAG: {"quirk": quirk_id, "kind": kind}})
+    tag = {"quirk": quirk_id, "kind": kind, **({"state": state} if state else {})}
+    logger().log(level, message, *args, extra={TAG: tag})
 
 
 def changed(quirk_id: str, what: str, before: object, after: object, why: str) -> None:
@@ -86,23 +96,23 @@ def changed(quirk_id: str, what: str, before: object, after: object, why: str) -
     record(quirk_id, "changed", "[%s] %s: %r -> %r (%s)", quirk_id, what, before, after, why)
 
 
-def unchanged(quirk_id: str, what: str, why: str) -> None:
+def unchanged(quirk_id: str, what: str, why: str, state: str | None = None) -> None:
     """Log once per process that a fix looked at `what` and left it as it is."""
     key = (quirk_id, "unchanged", what)
     if key in _seen:
         return
     _seen.add(key)
-    record(quirk_id, "unchanged", "[%s] %s: nothing to change (%s)", quirk_id, what, why)
+    record(quirk_id, "unchanged", "[%s] %s: nothing to change (%s)", quirk_id, what, why, state=state)
 
 
-def warn_once(quirk_id: str, key: str, message: str, kind: Kind = "warning") -> None:
+def warn_once(quirk_id: str, key: str, message: str, kind: Kind = "warning", state: str | None = None) -> None:
     """Log one warning, once per process for the same (quirk, key); `kind` "unverified" or "skipped" for activation's
-    own."""
+    own, with the verdict's `state`."""
     marker = (quirk_id, "warning", key)
     if marker in _seen:
         return
     _seen.add(marker)
-    record(quirk_id, kind, "%s", message)
+    record(quirk_id, kind, "%s", message, state=state)
 
 
 def first_at_info(

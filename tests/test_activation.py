@@ -284,7 +284,14 @@ def gated(monkeypatch):
 
     monkeypatch.setattr(activation._State, "active", True)
     monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+    for name, empty in (
+        ("releases", {}),
+        ("withdrawn", {}),
+        ("verdicts", {}),
+        ("skipped", set()),
+        ("patched", set()),
+        ("applying", set()),
+    ):
         monkeypatch.setattr(activation._State, name, empty)
     quirks: list = []
     monkeypatch.setattr(registry, "pre_quirks", lambda name, settings: [q for q in quirks if name in q.targets])

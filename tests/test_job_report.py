@@ -92,3 +92,26 @@ def test_a_relative_report_dir_is_refused_by_name(tmp_path):
     proc = nrl_shim("run", "--", sys.executable, "-c", "pass", env={"NRL_SHIM_REPORT_DIR": "jobs"}, check=False)
     assert proc.returncode == 2
     assert "NRL_SHIM_REPORT_DIR='jobs' is not valid; accepted: an absolute directory path, or off" in proc.stderr
+
+
+def test_a_record_of_activation_carries_the_fixes_verdict(tmp_path, monkeypatch):
+    # What activation says of a fix (skipped, not affected, unverified) is written with its verdict's state, the one
+    # doctor shows (registry.verdict): the job report and doctor name a fix's state alike.
+    import logging
+
+    from nrl_shim import job_report, report
+
+    monkeypatch.setenv(job_report.VARIABLE, str(tmp_path))
+    recorder = job_report.Recorder()
+    report.logger().addHandler(recorder)
+    try:
+        report.record("demo-fix", "skipped", "[demo-fix] fix skipped: why", state="out-of-range")
+        report.record("demo-fix", "changed", "[demo-fix] a change")  # a fix's own line: no verdict in it
+    finally:
+        report.logger().removeHandler(recorder)
+        logging.Handler.close(recorder)
+    (written,) = tmp_path.glob("*.jsonl")
+    lines = [line for line in map(json.loads, written.read_text().splitlines()) if "kind" in line]
+    # (the logger may already have a recorder of its own for this directory: each line is then written twice)
+    said = list(dict.fromkeys((line["kind"], line.get("state")) for line in lines))
+    assert said == [("skipped", "out-of-range"), ("changed", None)], lines

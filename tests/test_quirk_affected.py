@@ -71,7 +71,14 @@ def active(monkeypatch):
     """activation's state for in-process _apply calls, nothing reported yet; the `nrl_shim` records collected."""
     monkeypatch.setattr(activation._State, "active", True)
     monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+    for name, empty in (
+        ("releases", {}),
+        ("withdrawn", {}),
+        ("verdicts", {}),
+        ("skipped", set()),
+        ("patched", set()),
+        ("applying", set()),
+    ):
         monkeypatch.setattr(activation._State, name, empty)
     monkeypatch.setattr(report, "_seen", set())
     monkeypatch.setattr(registry, "_MISSING_PARTS", {})
@@ -124,7 +131,7 @@ def test_below_where_the_bug_exists_not_affected_no_warning_strict_passes(active
     # The job's report says so: one INFO line, kind "unchanged".
     (said,) = [r for r in active if r.levelno == logging.INFO]
     assert said.getMessage() == f"[test-affected] packaging release: nothing to change (not affected: {expected})"
-    assert said.nrl_shim == {"quirk": "test-affected", "kind": "unchanged"}
+    assert said.nrl_shim == {"quirk": "test-affected", "kind": "unchanged", "state": "not-affected"}  # the verdict
     only(quirk, monkeypatch)
     activation._stop_if_any_fix_out_of_range(registry.load_settings({"NRL_SHIM_STRICT": "1"}))  # no error
     entry = cli._quirk_entry(quirk, registry.load_settings({}))

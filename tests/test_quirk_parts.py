@@ -67,7 +67,14 @@ def active(monkeypatch):
     """activation's state for one in-process _apply, nothing reported yet; the `nrl_shim` records collected."""
     monkeypatch.setattr(activation._State, "active", True)
     monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+    for name, empty in (
+        ("releases", {}),
+        ("withdrawn", {}),
+        ("verdicts", {}),
+        ("skipped", set()),
+        ("patched", set()),
+        ("applying", set()),
+    ):
         monkeypatch.setattr(activation._State, name, empty)
     monkeypatch.setattr(report, "_seen", set())
     monkeypatch.setattr(registry, "_MISSING_PARTS", {})

@@ -119,7 +119,14 @@ def active(monkeypatch):
     """activation's state for one in-process _apply: active, default settings, nothing gated or reported yet."""
     monkeypatch.setattr(activation._State, "active", True)
     monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (("gates", {}), ("unverified", {}), ("skipped", set()), ("patched", set()), ("applying", set())):
+    for name, empty in (
+        ("releases", {}),
+        ("withdrawn", {}),
+        ("verdicts", {}),
+        ("skipped", set()),
+        ("patched", set()),
+        ("applying", set()),
+    ):
         monkeypatch.setattr(activation._State, name, empty)
     from nrl_shim import report
 
@@ -178,7 +185,6 @@ def test_strict_mode_refuses_only_the_skip(active, monkeypatch):
     monkeypatch.setattr(activation._State, "settings", registry.load_settings({"NRL_SHIM_STRICT": "1"}))
     quirk = registry.Quirk(quirk_module(VERIFIED=f"<{BELOW}", REQUIRES=("target_module:helper",)))
     activation._apply(quirk, target(helper=len))  # unverified, its checks pass: acts
-    monkeypatch.setattr(activation._State, "gates", {})
     with pytest.raises(QuirkSkippedError, match="target_module:helper"):
         activation._apply(quirk, target())
 

@@ -142,8 +142,8 @@ class QuirkContract:
             assert entry.partition(":")[0] in quirk.targets, f"{quirk.id}: {entry!r} is not in one of its TARGETS"
         # One form for its targets: {module name: (patch, unpatch)}, each target its own functions (registry.py).
         assert isinstance(quirk.module.TARGETS, dict), f"{quirk.id}: TARGETS is not {{module name: (patch, unpatch)}}"
-        for names in quirk.parts.values():
-            for entry in names:
+        for part_names in quirk.parts.values():
+            for entry in part_names:
                 assert re.fullmatch(r"[\w.]+:[\w.]+(\([\w, ]*\))?", entry), f"{quirk.id}: PARTS entry {entry!r}"
                 assert entry.partition(":")[0] in quirk.targets, f"{quirk.id}: {entry!r} is not in one of its TARGETS"
         for part, versions in quirk.part_releases.items():
