@@ -1,11 +1,12 @@
 """vllm-strict-tool-calling: the sampling vLLM builds for chat requests with one tool.
-- vLLM's own request preparation, no engine (tests/children/strict_tool_requests.py: the hermes parser vLLM's OpenAI
-  server builds, Parser.adjust_request): without the shim every `tool_choice="auto"` request that vLLM's default puts
-  a grammar on has an xgrammar structural tag, `parallel_tool_calls=false` included; with it that one is sampled
-  freely while a request whose tool says `strict: true` keeps its tag, as `"required"` does; the user's
-  VLLM_ENFORCE_STRICT_TOOL_CALLING and NRL_SHIM_SAMPLING_DEFAULTS=serving keep vLLM's grammars.
-- vLLM's OpenAI server (the shared runs in tests/vllm_sampling_runs.py): the same, read from vLLM's own request log,
-  and the `required` reply's text in hermes' tag.
+- vLLM's own request preparation, no engine (tests/children/strict_tool_requests.py: the hermes and glm47 parsers
+  vLLM's OpenAI server builds, Parser.adjust_request): without the shim glm47's default strict level puts an xgrammar
+  structural tag on every `tool_choice="auto"` request; with it a plain `auto` request is sampled freely, while every
+  explicit choice keeps its tag: a tool's own `strict: true`, `"required"`, `parallel_tool_calls=false` (vLLM keeps a
+  request to one call by the grammar), the user's VLLM_ENFORCE_STRICT_TOOL_CALLING; NRL_SHIM_SAMPLING_DEFAULTS=serving
+  keeps vLLM's grammars.
+- vLLM's OpenAI server with hermes (the shared runs in tests/vllm_sampling_runs.py): every explicit choice keeps its
+  grammar under the shim, read from vLLM's own request log, and the `required` reply's text in hermes' tag.
 """
 
 import pytest
@@ -16,8 +17,15 @@ from vllm_helpers import real_engine
 
 ID = "vllm-strict-tool-calling"
 STRICT = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
-VLLM_DEFAULT = {"auto_strict_tool": ["structural_tag"], "auto_single_call": ["structural_tag"], "auto": None}
-LIFTED = {"auto_strict_tool": ["structural_tag"], "auto_single_call": None, "auto": None}
+TAG = ["structural_tag"]
+VLLM_DEFAULT = {
+    "auto_strict_tool": TAG,
+    "auto_single_call": TAG,
+    "auto": None,
+    "glm47_auto": TAG,  # the parser's default strict level: the one grammar only vLLM's default puts there
+    "glm47_auto_single_call": TAG,
+}
+LIFTED = {**VLLM_DEFAULT, "glm47_auto": None}  # parallel_tool_calls=false is the request's choice: kept
 
 
 @real_engine
@@ -53,12 +61,8 @@ def test_openai_server_tool_calls():
     assert plain["required_text"].startswith("<tool_call>"), plain  # hermes' tag, forced by the grammar
 
     shimmed = served(True)
-    # A strict tool's grammar and "required"'s stay vLLM's own; parallel_tool_calls=false alone puts none.
-    assert shimmed["tools"] == {
-        "required": ["structural_tag"],
-        "auto_strict_tool": ["structural_tag"],
-        "auto_single_call": None,
-    }, shimmed
-    lines = lines_of(ID, shimmed["shim_lines"])
-    assert len(lines) == 1 and "-> 'none'" in lines[0] and "'required' and named" in lines[0], lines
+    # Every explicit choice keeps vLLM's grammar: a strict tool, "required", parallel_tool_calls=false (hermes puts
+    # none on a plain `auto` request: nothing for the fix to lift, nothing said).
+    assert shimmed["tools"] == {"required": TAG, "auto_strict_tool": TAG, "auto_single_call": TAG}, shimmed
+    assert lines_of(ID, shimmed["shim_lines"]) == [], shimmed["shim_lines"]
     assert engine_run(True)["strict_tool_calling"] is None  # the variable is left to the user, in every process

