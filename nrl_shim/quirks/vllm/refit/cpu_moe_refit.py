@@ -18,7 +18,7 @@ refit, and dense models, are untouched. Not covered: a write into the expert par
 (a direct `copy_`), and IPEX's MoE on Intel GPUs (XPU; read in the wheels, not run).
 """
 
-from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 
 ID = "vllm-cpu-moe-refit"
 SUMMARY = (
@@ -45,15 +45,11 @@ _WHY = (
 
 
 def patch(module, settings):
-    from nrl_shim.patching import wrap
-
-    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
+    model_events.subscribe_load(module, ID, loaded=_loaded)
 
 
 def unpatch(module):
-    from nrl_shim.patching import unwrap
-
-    unwrap(module.BaseModelLoader, "load_model", ID)
+    model_events.unsubscribe_load(module, ID)
     _MODELS.unwatch_all()
 
 
@@ -78,16 +74,9 @@ def ipex_moe_modules(model):
     return found
 
 
-def _load_model_wrapper(wrapped, instance, args, kwargs):
-    model = wrapped(*args, **kwargs)
-    try:
-        if ipex_moe_modules(model):
-            _MODELS.watch(model)  # this model's load_weights only
-    except Exception as error:  # never break a load over this
-        from nrl_shim import report
-
-        report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
-    return model
+def _loaded(model, loader=None, vllm_config=None, model_config=None):
+    if ipex_moe_modules(model):
+        _MODELS.watch(model)  # this model's load_weights only
 
 
 def _repack_at_next_forward(model):
@@ -118,4 +107,4 @@ def _repack_at_next_forward(model):
 
 # Models with IPEX fused-MoE layers: after each load_weights call (a failed one may have written some experts too),
 # their kernels are repacked at the next forward.
-_MODELS = ModelWatch(ID, after_refit=_repack_at_next_forward)
+_MODELS = model_events.ModelWatch(ID, after_refit=_repack_at_next_forward)

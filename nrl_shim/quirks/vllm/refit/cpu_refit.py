@@ -34,6 +34,9 @@ Not covered: 3-D weights (the causal-conv1d weights of GDN layers, packed in pla
 expert weights (packed by the MoE layer itself, not through this function): they stay as vLLM packs them.
 """
 
+import contextlib
+
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 from nrl_shim.settings import Variable, choice
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
@@ -167,29 +170,27 @@ def unpatch_dummy_loader(module):
 def patch_base_loader(module, settings):
     if _packs_here() is None:
         return
-    from nrl_shim.patching import wrap
-
-    def load_model_wrapper(wrapped, instance, args, kwargs):
-        # BaseModelLoader.load_model(vllm_config, model_config, ...): initialise, load, then dispatch each layer;
-        # the dispatches of an in-process engine's model happen inside this call, in this thread.
-        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-        parallel = getattr(vllm_config, "parallel_config", None)
-        if getattr(parallel, "distributed_executor_backend", None) != IN_PROCESS_BACKEND:
-            return wrapped(*args, **kwargs)
-        state = _in_process_load()
-        before, state.active = getattr(state, "active", False), True
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            state.active = before
-
-    wrap(module.BaseModelLoader, "load_model", load_model_wrapper, ID)
+    model_events.subscribe_load(module, ID, around=_marking_in_process_loads)
 
 
 def unpatch_base_loader(module):
-    from nrl_shim.patching import unwrap
+    model_events.unsubscribe_load(module, ID)
 
-    unwrap(module.BaseModelLoader, "load_model", ID)
+
+@contextlib.contextmanager
+def _marking_in_process_loads(vllm_config):
+    """BaseModelLoader.load_model: initialise, load, then dispatch each layer; the dispatches of an in-process engine's
+    model happen inside that call, in this thread: marked while it runs."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if getattr(parallel, "distributed_executor_backend", None) != IN_PROCESS_BACKEND:
+        yield
+        return
+    state = _in_process_load()
+    before, state.active = getattr(state, "active", False), True
+    try:
+        yield
+    finally:
+        state.active = before
 
 
 def patch_layer_utils(module, settings):

@@ -45,7 +45,10 @@ Not seen: a re-layout done in place in the same storage (the parameter object an
 layer is neither bracketed for nor named.
 """
 
+import functools
+
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 from nrl_shim.settings import Variable, choice
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
@@ -116,14 +119,14 @@ def patch_base_loader(module, settings):
     # load_model calls initialize_model by this module's name for it (0.9 - 0.33): the one place to see the layers as
     # the model built them.
     wrap(module, "initialize_model", _initialize_model_wrapper, ID)
-    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper(settings), ID)
+    model_events.subscribe_load(module, ID, loaded=functools.partial(_loaded, settings))
 
 
 def unpatch_base_loader(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module, "initialize_model", ID)
-    unwrap(module.BaseModelLoader, "load_model", ID)
+    model_events.unsubscribe_load(module, ID)
     unwatch_all()
 
 
@@ -251,23 +254,11 @@ def _relaid_out(model, before):
     return names
 
 
-def _load_model_wrapper(settings):
-    def load_model_wrapper(wrapped, instance, args, kwargs):
-        model = wrapped(*args, **kwargs)
-        try:
-            before = vars(model).pop(_INIT_LAYOUT, None)
-            if before is not None:
-                vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-                model_config = kwargs.get("model_config", args[1] if len(args) > 1 else None)
-                model_config = model_config or getattr(vllm_config, "model_config", None)
-                _watch(model, _relaid_out(model, before), model_config, settings)
-        except Exception as error:  # never break a load over this
-            from nrl_shim import report
-
-            report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
-        return model
-
-    return load_model_wrapper
+def _loaded(settings, model, loader=None, vllm_config=None, model_config=None):
+    """The model as loaded (model_events' loaded hook): the layers vLLM replaced or moved since initialize_model."""
+    before = vars(model).pop(_INIT_LAYOUT, None)
+    if before is not None:
+        _watch(model, _relaid_out(model, before), model_config, settings)
 
 
 # --- a refit: the bracket around load_weights ---

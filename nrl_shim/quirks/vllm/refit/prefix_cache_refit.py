@@ -31,7 +31,7 @@ How (one engine = one scheduler, which owns the cache; the model may live in ano
   nothing to do, nothing logged.
 """
 
-from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 
 ID = "vllm-prefix-cache-refit"
 SUMMARY = "After a refit, drop vLLM's prefix cache before the next step (running requests keep their KV)"
@@ -63,26 +63,23 @@ PART_RELEASES = {_PARTIAL_PART: ">=0.25"}
 WHAT = "vLLM prefix cache after a refit"
 # This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
 # can't tell its refits: the engine core then assumes one after each RPC).
-_MODELS = ModelWatch(ID)
+_MODELS = model_events.ModelWatch(ID)
 
 
 def patch_loader(module, settings):
-    from nrl_shim.patching import wrap
-
-    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
+    # Each model loaded: its load_weights, on the instance (other models and fixes' layers untouched).
+    model_events.subscribe_load(module, ID, loaded=_MODELS.loaded)
 
 
 def unpatch_loader(module):
-    from nrl_shim.patching import unwrap
-
-    unwrap(module.BaseModelLoader, "load_model", ID)
+    model_events.unsubscribe_load(module, ID)
     _MODELS.unwatch_all()
 
 
 def patch_core(module, settings):
     from nrl_shim.patching import wrap
 
-    wrap(module.EngineCore, "collective_rpc", _collective_rpc_wrapper, ID)
+    wrap(module.EngineCore, "collective_rpc", model_events.collective_rpc_wrapper(ID, _after_rpc), ID)
 
 
 def unpatch_core(module):
@@ -95,7 +92,7 @@ def patch_scheduler(module, settings):
     from nrl_shim.patching import wrap
 
     wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-    wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
+    wrap(module.Scheduler, "reset_prefix_cache", model_events.reset_wrapper(ID, WHAT, _STATE), ID)
 
 
 def unpatch_scheduler(module):
@@ -135,71 +132,34 @@ def describe(settings, version):
     )
 
 
-# --- where the refit lands: the process that holds the model ---
-
-
-def _load_model_wrapper(wrapped, instance, args, kwargs):
-    model = wrapped(*args, **kwargs)
-    try:
-        _MODELS.watch(model)  # its load_weights, on the instance: other models and fixes' layers untouched
-    except Exception as error:  # never break a load over this
-        from nrl_shim import report
-
-        report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
-    return model
-
-
-def worker_refits(worker=None):
-    """Run in each worker by the engine core (collective_rpc passes the worker): this process's refit count, or None
-    when no model here is watched (the shim is not active in that worker)."""
-    return _MODELS.refits if len(_MODELS) else None
-
-
 # --- where the cache lives: the engine core's scheduler ---
 
+_STATE = "_nrl_shim_prefix_cache"  # the scheduler's attribute holding its _EngineState
 
-class _EngineState:
-    """Per scheduler: what the shim knows of refits since the last successful reset."""
+
+class _EngineState(model_events.RefitState):
+    """Per scheduler: the refits since the last successful reset, the workers' counts at the last question, and the
+    encoder cache's own reset (it waits for a step with nothing running)."""
 
     def __init__(self):
-        self.local_seen = _MODELS.refits
+        super().__init__(_MODELS)
         self.worker_counts = None  # the workers' counts at the last query
-        self.pending = None  # why a reset is due, or None
-        self.ours = False  # inside our own reset_prefix_cache() call
-        self.resets = 0
-        self.kinds_logged = set()  # "reset", "drop": each logged at INFO once
         self.encoder_pending = False  # the encoder cache waits for a step with nothing running
         self.core = (
-            None  # weakref to the engine core, once one called collective_rpc (its encoder reset reaches the workers)
+            None  # weakref to the engine core, once it called collective_rpc (its encoder reset reaches workers)
         )
-
-    def absorb_local(self):
-        if _MODELS.refits != self.local_seen:
-            self.local_seen = _MODELS.refits
-            self.pending = self.pending or "the model was refit in this process"
 
 
 def _state(scheduler):
     """The scheduler's state, or None when its prefix caching is off (then there is nothing to do)."""
-    state = vars(scheduler).get("_nrl_shim_prefix_cache")
+    state = vars(scheduler).get(_STATE)
     if state is None:
         manager = getattr(scheduler, "kv_cache_manager", None)
         if manager is None or not getattr(manager, "enable_caching", False):
             return None
-        state = scheduler._nrl_shim_prefix_cache = _EngineState()
+        state = _EngineState()
+        setattr(scheduler, _STATE, state)
     return state
-
-
-def _collective_rpc_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # a refit that failed half-way still changed weights
-        try:
-            _after_rpc(instance)
-        except Exception as error:
-            from nrl_shim import report
-
-            report.logger().debug("[%s] could not ask the workers about refits: %r", ID, error)
 
 
 def _after_rpc(core):
@@ -211,19 +171,9 @@ def _after_rpc(core):
         import weakref
 
         state.core = weakref.ref(core)
-    try:
-        counts = tuple(core.model_executor.collective_rpc(worker_refits))
-    except Exception as error:  # e.g. a worker without nrl_shim can't unpickle the question
-        counts, why = None, f"{type(error).__name__}"
-    else:
-        why = "a worker without the shim"
-    if counts is None or None in counts:
-        # The workers can't say: any RPC may have refit them. A reset too many costs a prefix recompute; a stale hit
-        # costs correctness.
-        state.pending = state.pending or f"a collective_rpc ran in workers whose refits the shim can't see ({why})"
-    elif counts != state.worker_counts:
-        if state.worker_counts is not None or any(counts):
-            state.pending = state.pending or "the model was refit in its worker(s)"
+    counts, why = model_events.ask_workers(core.model_executor, ID)
+    state.pending = state.pending or model_events.workers_refit(counts, state.worker_counts, why)
+    if counts is not None and None not in counts:
         state.worker_counts = counts
 
 
@@ -365,16 +315,3 @@ def _cache_blocks_wrapper(wrapped, instance, args, kwargs):
     if getattr(request, "_nrl_shim_stale_kv", False):
         return None  # as with caching off for this request: its new blocks attend to old-weights KV
     return wrapped(*args, **kwargs)
-
-
-def _reset_wrapper(wrapped, instance, args, kwargs):
-    state = vars(instance).get("_nrl_shim_prefix_cache")
-    if state is not None and not state.ours:
-        state.absorb_local()
-    ok = wrapped(*args, **kwargs)
-    if ok and state is not None and state.pending and not state.ours:
-        from nrl_shim import report
-
-        report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
-        state.pending = None
-    return ok

@@ -22,7 +22,7 @@ How (V0: the scheduler lives in the LLMEngine's process; the model there too wit
   prefix caching off.
 """
 
-from nrl_shim.quirks.vllm.refit._model_watch import ModelWatch
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 
 ID = "vllm-prefix-cache-refit-v0"
 SUMMARY = "After a refit, reset vLLM V0's prefix cache before the next step (V0: vLLM < 0.11, e.g. 0.9.1 on CPU)"
@@ -43,19 +43,17 @@ REQUIRES = (
 WHAT = "vLLM V0 prefix cache after a refit"
 _V0_ENGINE_MODULE = "vllm.engine.llm_engine"
 # This process's refits: calls of a watched model's load_weights, and how many models are watched.
-_MODELS = ModelWatch(ID)
+_MODELS = model_events.ModelWatch(ID)
+_STATE = "_nrl_shim_prefix_cache_v0"  # the scheduler's attribute holding its RefitState
 
 
 def _patch_loader(module, settings):
-    from nrl_shim.patching import wrap
-
-    wrap(module.BaseModelLoader, "load_model", _load_model_wrapper, ID)
+    # Each model loaded: its load_weights, on the instance (other models and fixes' layers untouched).
+    model_events.subscribe_load(module, ID, loaded=_MODELS.loaded)
 
 
 def _unpatch_loader(module):
-    from nrl_shim.patching import unwrap
-
-    unwrap(module.BaseModelLoader, "load_model", ID)
+    model_events.unsubscribe_load(module, ID)
     _MODELS.unwatch_all()
 
 
@@ -63,7 +61,7 @@ def _patch_scheduler(module, settings):
     from nrl_shim.patching import wrap
 
     wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-    wrap(module.Scheduler, "reset_prefix_cache", _reset_wrapper, ID)
+    wrap(module.Scheduler, "reset_prefix_cache", model_events.reset_wrapper(ID, WHAT, _STATE), ID)
 
 
 def _unpatch_scheduler(module):
@@ -78,7 +76,7 @@ def _patch_engine(module, settings):
 
     engine = _v0_engine_class(module)
     if engine is not None:
-        wrap(engine, "collective_rpc", _collective_rpc_wrapper, ID)
+        wrap(engine, "collective_rpc", model_events.collective_rpc_wrapper(ID, _after_rpc), ID)
 
 
 def _unpatch_engine(module):
@@ -110,86 +108,26 @@ def describe(settings, version):
     )
 
 
-# --- where the refit lands: the process that holds the model ---
-
-
-def _load_model_wrapper(wrapped, instance, args, kwargs):
-    model = wrapped(*args, **kwargs)
-    try:
-        _MODELS.watch(model)  # its load_weights, on the instance: other models and fixes' layers untouched
-    except Exception as error:  # never break a load over this
-        from nrl_shim import report
-
-        report.logger().debug("[%s] not watching %s for refits: %r", ID, type(model).__name__, error)
-    return model
-
-
-def worker_refits(worker=None):
-    """Run in each worker by the engine (collective_rpc passes the worker): this process's refit count, or None when
-    no model here is watched (the shim is not active in that worker)."""
-    return _MODELS.refits if len(_MODELS) else None
-
-
 # --- where the cache lives: the engine's scheduler(s) ---
-
-
-class _SchedulerState:
-    """Per scheduler: what the shim knows of refits since the last successful reset."""
-
-    def __init__(self):
-        self.local_seen = _MODELS.refits
-        self.pending = None  # why a reset is due, or None
-        self.ours = False  # inside our own reset_prefix_cache() call
-        self.resets = 0
-        self.kinds_logged = set()
-
-    def absorb_local(self):
-        if _MODELS.refits != self.local_seen:
-            self.local_seen = _MODELS.refits
-            self.pending = self.pending or "the model was refit in this process"
 
 
 def _state(scheduler):
     """The scheduler's state, or None when its prefix caching is off (then there is nothing to do)."""
-    state = vars(scheduler).get("_nrl_shim_prefix_cache_v0")
+    state = vars(scheduler).get(_STATE)
     if state is None:
         if not getattr(getattr(scheduler, "block_manager", None), "enable_caching", False):
             return None
-        state = scheduler._nrl_shim_prefix_cache_v0 = _SchedulerState()
+        state = model_events.RefitState(_MODELS)
+        setattr(scheduler, _STATE, state)
     return state
-
-
-def _collective_rpc_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # a refit that failed half-way still changed weights
-        try:
-            _after_rpc(instance)
-        except Exception as error:
-            from nrl_shim import report
-
-            report.logger().debug("[%s] could not ask the workers about refits: %r", ID, error)
 
 
 def _after_rpc(engine):
     states = [s for s in (_state(scheduler) for scheduler in getattr(engine, "scheduler", ())) if s is not None]
     if not states:
         return
-    try:
-        counts = tuple(engine.model_executor.collective_rpc(worker_refits))
-    except Exception as error:  # e.g. a worker without nrl_shim can't unpickle the question
-        counts, why = None, f"{type(error).__name__}"
-    else:
-        why = "a worker without the shim"
-    last = vars(engine).get("_nrl_shim_worker_refits")
-    if counts is None or None in counts:
-        # The workers can't say: any RPC may have refit them. A reset too many costs a prefix recompute; a stale hit
-        # costs correctness.
-        reason = f"a collective_rpc ran in workers whose refits the shim can't see ({why})"
-    elif counts != last and (last is not None or any(counts)):
-        reason = "the model was refit in its worker(s)"
-    else:
-        reason = None
+    counts, why = model_events.ask_workers(engine.model_executor, ID)
+    reason = model_events.workers_refit(counts, vars(engine).get("_nrl_shim_worker_refits"), why)
     if counts is not None:
         engine._nrl_shim_worker_refits = counts
     for state in states:
@@ -240,16 +178,3 @@ def _invalidate(scheduler, state):
         LINK,
         later=("[%s] refit #%d: reset before the next step (%s)", ID, state.resets, why),
     )
-
-
-def _reset_wrapper(wrapped, instance, args, kwargs):
-    state = vars(instance).get("_nrl_shim_prefix_cache_v0")
-    if state is not None and not state.ours:
-        state.absorb_local()
-    ok = wrapped(*args, **kwargs)
-    if ok and state is not None and state.pending and not state.ours:
-        from nrl_shim import report
-
-        report.unchanged(ID, WHAT, "the caller reset it itself after its refit, before the next step")
-        state.pending = None
-    return ok

@@ -18,6 +18,7 @@ written by no refit and is reported once; when nothing is left to guard, the gua
 """
 
 from nrl_shim.quirks.vllm import VLLM_SINCE, VLLM_VERIFIED
+from nrl_shim.quirks.vllm.refit import _model_events as model_events
 
 TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
 if TYPE_CHECKING:
@@ -47,11 +48,14 @@ _GUARDS: "WeakSet[Any] | None" = None
 def patch(module, settings):
     from nrl_shim.patching import wrap
 
+    def loaded(model, loader, vllm_config, model_config=None):
+        if isinstance(loader, module.DummyModelLoader):
+            watch(model, _model_label(model, vllm_config), settings)
+
     def load_model_wrapper(wrapped, instance, args, kwargs):
         model = wrapped(*args, **kwargs)
         try:
-            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-            watch(model, _model_label(model, vllm_config), settings)
+            loaded(model, instance, kwargs.get("vllm_config", args[0] if args else None))
         except Exception as error:  # the guard must never break a load
             from nrl_shim import report
 
@@ -70,7 +74,10 @@ def patch(module, settings):
             report.logger().debug("[%s] not guarding this model: %r", ID, error)
         return wrapped(*args, **kwargs)
 
-    wrap(module.DummyModelLoader, "load_model", load_model_wrapper, ID)
+    if "load_model" in vars(module.DummyModelLoader) or not hasattr(module, "BaseModelLoader"):
+        wrap(module.DummyModelLoader, "load_model", load_model_wrapper, ID)  # 0.8.x: each loader its own load_model
+    else:  # 0.9+: BaseModelLoader.load_model, the one load step, is model_events' hook
+        model_events.subscribe_load(module, ID, loaded=loaded)
     if hasattr(module, "initialize_dummy_weights") and "load_weights" not in vars(module.DummyModelLoader):
         wrap(module, "initialize_dummy_weights", dummy_init_wrapper, ID)  # 0.8.x: load_model calls it by this name
     else:
@@ -81,6 +88,8 @@ def unpatch(module):
     from nrl_shim.patching import unwrap
 
     unwrap(module.DummyModelLoader, "load_model", ID)
+    if hasattr(module, "BaseModelLoader"):
+        model_events.unsubscribe_load(module, ID)
     unwrap(module.DummyModelLoader, "load_weights", ID)
     unwrap(module, "initialize_dummy_weights", ID)
     for model in list(_GUARDS or ()):
