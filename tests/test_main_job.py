@@ -16,7 +16,9 @@ THRESHOLD = 1.05
 
 def check(proc, ok):
     assert proc.returncode == (0 if ok else 1), proc.stdout[-3000:] + proc.stderr[-4000:]
-    assert len(proc.stdout.splitlines()) <= 25, proc.stdout  # README shows it whole: vLLM's own logs are off
+    assert len(proc.stdout.splitlines()) <= 25, (
+        proc.stdout
+    )  # docs/commands.md shows it whole (README shortened): vLLM's own logs are off
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["llama", "qwen3-moe"])

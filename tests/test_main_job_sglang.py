@@ -53,7 +53,7 @@ def test_main_job_on_sglang_mismatches_without_the_shim_and_matches_with_it(tmp_
     proc, errors = run_main_job(tmp_path, True, *OPTIONS, env=sglang_env(), record=record)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
-    assert len(out.splitlines()) <= 25, out  # README shows it whole
+    assert len(out.splitlines()) <= 25, out  # docs/sglang.md shows it whole
     assert "VERDICT: OK — the rollouts come from the policy at every step" in out, out
     assert len(errors) == 4 and max(errors) < THRESHOLD, errors
     assert "answered 400" not in out, out  # the update's success says what the engine serves

@@ -220,3 +220,41 @@ def reset_wrapper(quirk_id: str, what: str, attribute: str) -> "Callable[..., An
         return ok
 
     return wrapper
+
+
+def scheduler_handlers(
+    quirk_id: str,
+    what: str,
+    attribute: str,
+    state_of: "Callable[[Any], RefitState | None]",
+    invalidate: "Callable[[Any, Any], None]",
+    after: "Callable[[Any, Any], None] | None" = None,
+) -> "tuple[Callable[[Any, Any], None], Callable[[Any], None]]":
+    """(patch, unpatch) of a scheduler module (V1's vllm.v1.core.sched.scheduler, V0's vllm.core.scheduler) for a
+    prefix-cache fix. Before each step: the scheduler's state (`state_of`: None where its prefix caching is off), this
+    process's refits taken in, `invalidate(scheduler, state)` when a reset is due, then `after(scheduler, state)`; and
+    reset_wrapper on its reset_prefix_cache. The callables are looked up by the fix's module at each call."""
+
+    def schedule_wrapper(wrapped: "Any", instance: "Any", args: "Any", kwargs: "Any") -> "Any":
+        state = state_of(instance)
+        if state is not None:
+            state.absorb_local()
+            if state.pending:
+                invalidate(instance, state)
+            if after is not None:
+                after(instance, state)
+        return wrapped(*args, **kwargs)
+
+    def patch(module: "Any", settings: "Any") -> None:
+        from nrl_shim.patching import wrap
+
+        wrap(module.Scheduler, "schedule", schedule_wrapper, quirk_id)
+        wrap(module.Scheduler, "reset_prefix_cache", reset_wrapper(quirk_id, what, attribute), quirk_id)
+
+    def unpatch(module: "Any") -> None:
+        from nrl_shim.patching import unwrap
+
+        unwrap(module.Scheduler, "schedule", quirk_id)
+        unwrap(module.Scheduler, "reset_prefix_cache", quirk_id)
+
+    return patch, unpatch

@@ -61,6 +61,7 @@ PARTS = {_PARTIAL_PART: (f"{_BLOCK_POOL}:BlockPool.cache_partial_block",)}
 PART_RELEASES = {_PARTIAL_PART: ">=0.25"}
 
 WHAT = "vLLM prefix cache after a refit"
+_STATE = "_nrl_shim_prefix_cache"  # the scheduler's attribute holding its _EngineState
 # This process's refits: calls of a watched model's load_weights, and how many models are watched (a worker with none
 # can't tell its refits: the engine core then assumes one after each RPC).
 _MODELS = model_events.ModelWatch(ID)
@@ -88,18 +89,17 @@ def unpatch_core(module):
     unwrap(module.EngineCore, "collective_rpc", ID)
 
 
-def patch_scheduler(module, settings):
-    from nrl_shim.patching import wrap
-
-    wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-    wrap(module.Scheduler, "reset_prefix_cache", model_events.reset_wrapper(ID, WHAT, _STATE), ID)
-
-
-def unpatch_scheduler(module):
-    from nrl_shim.patching import unwrap
-
-    unwrap(module.Scheduler, "schedule", ID)
-    unwrap(module.Scheduler, "reset_prefix_cache", ID)
+# Before each step (the functions below, looked up at each call): a reset when due, then the encoder cache's.
+patch_scheduler, unpatch_scheduler = model_events.scheduler_handlers(
+    ID,
+    WHAT,
+    _STATE,
+    lambda scheduler: _state(scheduler),
+    lambda scheduler, state: _invalidate(scheduler, state),
+    lambda scheduler, state: (
+        _reset_encoder_cache(scheduler, state) if state.encoder_pending and not scheduler.running else None
+    ),
+)
 
 
 def patch_block_pool(module, settings):
@@ -133,8 +133,6 @@ def describe(settings, version):
 
 
 # --- where the cache lives: the engine core's scheduler ---
-
-_STATE = "_nrl_shim_prefix_cache"  # the scheduler's attribute holding its _EngineState
 
 
 class _EngineState(model_events.RefitState):
@@ -175,17 +173,6 @@ def _after_rpc(core):
     state.pending = state.pending or model_events.workers_refit(counts, state.worker_counts, why)
     if counts is not None and None not in counts:
         state.worker_counts = counts
-
-
-def _schedule_wrapper(wrapped, instance, args, kwargs):
-    state = _state(instance)
-    if state is not None:
-        state.absorb_local()
-        if state.pending:
-            _invalidate(instance, state)
-        if state.encoder_pending and not instance.running:
-            _reset_encoder_cache(instance, state)
-    return wrapped(*args, **kwargs)
 
 
 def _invalidate(scheduler, state):

@@ -57,18 +57,10 @@ def _unpatch_loader(module):
     _MODELS.unwatch_all()
 
 
-def _patch_scheduler(module, settings):
-    from nrl_shim.patching import wrap
-
-    wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
-    wrap(module.Scheduler, "reset_prefix_cache", model_events.reset_wrapper(ID, WHAT, _STATE), ID)
-
-
-def _unpatch_scheduler(module):
-    from nrl_shim.patching import unwrap
-
-    unwrap(module.Scheduler, "schedule", ID)
-    unwrap(module.Scheduler, "reset_prefix_cache", ID)
+# Before each step (the functions below, looked up at each call): a reset when due.
+_patch_scheduler, _unpatch_scheduler = model_events.scheduler_handlers(
+    ID, WHAT, _STATE, lambda scheduler: _state(scheduler), lambda scheduler, state: _invalidate(scheduler, state)
+)
 
 
 def _patch_engine(module, settings):
@@ -132,15 +124,6 @@ def _after_rpc(engine):
         engine._nrl_shim_worker_refits = counts
     for state in states:
         state.pending = state.pending or reason
-
-
-def _schedule_wrapper(wrapped, instance, args, kwargs):
-    state = _state(instance)
-    if state is not None:
-        state.absorb_local()
-        if state.pending:
-            _invalidate(instance, state)
-    return wrapped(*args, **kwargs)
 
 
 def _invalidate(scheduler, state):
