@@ -1,5 +1,9 @@
 """The scheduler's weight-update handlers, for the SGLang fixes that follow weight updates (one scheduler per process:
-TP and DP ranks each see every update).
+TP and DP ranks each see every update), and SGLang's one "weights changed" hook below them: `subscribe(owner,
+quirk_id, after)` has `after(route)` called once each update handler returned or raised (a failed update may have
+written some tensors), in subscription order (registry order), from one layer on each handler that every subscribed
+fix shares; `unsubscribe` takes the fix off, and the layer with the last one. A fix that must change the update itself
+(the radix fix's flush) wraps the handlers on top of it.
 
 They live on SchedulerUpdateWeightsMixin (`sglang.srt.managers.scheduler_update_weights_mixin`) up to 0.5.12.post1 and
 on SchedulerWeightUpdaterManager (`sglang.srt.managers.scheduler_components.weight_updater`) from 0.5.13: one of the two
@@ -52,3 +56,33 @@ def targets(patch_owner, unpatch_owner):
         )
         for module, name in _OWNERS.items()
     }
+
+
+# The one "weights changed" layer on each handler, in nrl_shim.patching: not a quirk id, the hook its subscribers share.
+HOOK = "sglang-weights-changed"
+_AFTER: dict = {}  # quirk id -> after(route); insertion order is subscription order
+
+
+def subscribe(owner, quirk_id, after):
+    """Have `after(route)` called after each update handler of `owner` (route: the handler's name)."""
+    _AFTER[quirk_id] = after
+    wrap_updates(owner, _changed_wrapper, HOOK)
+
+
+def unsubscribe(owner, quirk_id):
+    _AFTER.pop(quirk_id, None)
+    if not _AFTER:
+        unwrap_updates(owner, HOOK)
+
+
+def _changed_wrapper(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:  # in the scheduler's loop: before it takes its next request
+        for quirk_id, after in list(_AFTER.items()):
+            try:
+                after(wrapped.__name__)
+            except Exception as error:  # never fail an update over a fix
+                from nrl_shim import report
+
+                report.logger().debug("[%s] could not follow the weight update: %r", quirk_id, error)

@@ -83,8 +83,10 @@ def unpatch_batch(module):
 def _patch_updates(owner, settings):
     from nrl_shim.patching import wrap
 
+    # Every update, by SGLang's one "weights changed" hook (first: under the flush handling below, so a refused
+    # flush is said under the new version).
+    _weight_updates.subscribe(owner, ID, _new_version)
     if hasattr(owner, "flush_cache_after_weight_update"):  # 0.5.12+
-        _weight_updates.wrap_updates(owner, _update_wrapper, ID)
         wrap(owner, "flush_cache_after_weight_update", _flush_after_update_wrapper, ID)
     else:  # up to 0.5.11: each handler flushes inline and asserts on a refusal
         _weight_updates.wrap_updates(owner, _inline_flush_update_wrapper, ID)
@@ -94,6 +96,7 @@ def _unpatch_updates(owner):
     from nrl_shim.patching import unwrap
 
     _weight_updates.unwrap_updates(owner, ID)
+    _weight_updates.unsubscribe(owner, ID)
     if hasattr(owner, "flush_cache_after_weight_update"):
         unwrap(owner, "flush_cache_after_weight_update", ID)
 
@@ -162,14 +165,8 @@ def _holds_kv(req):
 # --- the update ---
 
 
-def _update_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:  # before the scheduler takes its next request: a handler runs in the scheduler's loop
-        _new_version(wrapped.__name__)
-
-
 def _new_version(route):
+    """After each update (the weights-changed hook, in the scheduler's loop: before it takes its next request)."""
     from nrl_shim import report
 
     _STATE["version"] += 1
@@ -237,9 +234,9 @@ def _inline_flush_update_wrapper(wrapped, instance, args, kwargs):
 
     recv_req = args[0] if args else kwargs.get("recv_req")
     if not getattr(recv_req, "flush_cache", False):
-        return _update_wrapper(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
     call_args, call_kwargs = _without_flush(recv_req, args, kwargs)
-    result = _update_wrapper(wrapped, instance, call_args, call_kwargs)
+    result = wrapped(*call_args, **call_kwargs)  # the weights-changed hook below: a new version, before the flush
     if not getattr(result, "success", False):
         return result
     # 0.5.11 passes the request's torch_empty_cache; 0.5.10's flush_cache takes no argument.

@@ -83,11 +83,11 @@ def _unpatch_scheduler(module):
 
 
 def _patch_updates(owner, settings):
-    _weight_updates.wrap_updates(owner, _update_wrapper, ID)
+    _weight_updates.subscribe(owner, ID, _updated)  # SGLang's one "weights changed" hook
 
 
 def _unpatch_updates(owner):
-    _weight_updates.unwrap_updates(owner, ID)
+    _weight_updates.unsubscribe(owner, ID)
 
 
 TARGETS = {
@@ -149,11 +149,9 @@ def _resume_wrapper(wrapped, instance, args, kwargs):
     return result
 
 
-def _update_wrapper(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _STATE["empty"] = False
+def _updated(route):
+    """After each weight update (a failed one may have written some tensors too): the weights are no longer empty."""
+    _STATE["empty"] = False
 
 
 def _message(recv_req):
