@@ -284,7 +284,15 @@ def _gated(
     settings = _State.settings
     if settings is None:
         return False, None  # deactivated meanwhile
-    executed = {name: sys.modules[name] for name in quirk.targets if name in sys.modules and name != module.__name__}
+    # The fix's other target modules that finished executing: one still executing (it imported this one on its way)
+    # has only part of its names yet; importlib marks it so on its spec while it runs.
+    executed = {
+        name: loaded
+        for name in quirk.targets
+        if name != module.__name__
+        and (loaded := sys.modules.get(name)) is not None
+        and not getattr(getattr(loaded, "__spec__", None), "_initializing", False)
+    }
     if verb == "patch":  # before it executes, its namespace is empty: nothing to check there yet
         executed[module.__name__] = module
     release = _State.releases.get(quirk.id)

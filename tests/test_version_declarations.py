@@ -179,6 +179,35 @@ def test_unverified_fix_lacking_a_part_skips_naming_it_and_undoes_its_other_targ
     assert not hasattr(other, "patched") and len([m for m in active() if "fix skipped" in m]) == 1
 
 
+def test_a_target_still_executing_is_not_checked_until_it_finished(active, monkeypatch):
+    # vLLM's arg_utils imports argparse_utils half-way through its own code: when argparse_utils (also a target) is
+    # patched, arg_utils is in sys.modules without the names defined below that import. Checked then, a release past
+    # VERIFIED would lose the fix for names that are there (found on vLLM relabeled 0.34.0: tests/test_version_policy.py).
+    import importlib.machinery
+    import sys
+
+    quirk = registry.Quirk(
+        quirk_module(
+            VERIFIED=f"<{BELOW}", TARGETS=("other_module", "target_module"), REQUIRES=("target_module:helper",)
+        )
+    )
+    executing = target()  # `helper` not defined yet
+    executing.__spec__ = importlib.machinery.ModuleSpec("target_module", None)
+    executing.__spec__._initializing = True  # what importlib sets while a module's code runs
+    monkeypatch.setitem(sys.modules, "target_module", executing)
+    other = types.ModuleType("other_module")
+    activation._apply(quirk, other)  # imported by target_module on its way
+    assert other.patched is True and not [m for m in active() if "fix skipped" in m]
+    executing.helper, executing.__spec__._initializing = len, False  # target_module finished
+    activation._apply(quirk, executing)
+    assert executing.patched is True and other.patched is True
+    # Finished and lacking it: the fix is withdrawn from both.
+    executing.__dict__.pop("helper")
+    monkeypatch.setattr(activation._State, "releases", {})
+    activation._apply(quirk, types.ModuleType("other_module"))
+    assert not hasattr(executing, "patched") and [m for m in active() if "lacks what it needs" in m]
+
+
 def test_strict_mode_refuses_only_the_skip(active, monkeypatch):
     from nrl_shim.errors import QuirkSkippedError
 
