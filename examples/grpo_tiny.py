@@ -47,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 import warnings
@@ -579,6 +580,7 @@ def main():
         try:
             return run_steps(args, engine, policy, optimizer, shim_log)
         except RuntimeError as error:  # the engine failed under the job (SGLang's server died at a refit, ...)
+            traceback.print_exc()  # what raised it, where (e.g. a strict-mode error of the shim), on stderr
             print(f"VERDICT: FAILED — {error}", flush=True)
             return 2
         finally:
