@@ -42,9 +42,16 @@ def test_main_job_on_sglang_mismatches_without_the_shim_and_matches_with_it(tmp_
         assert refused[0]["token_mult_prob_error"] > THRESHOLD, steps
         mismatched = [step for step in steps if step["token_mult_prob_error"] > THRESHOLD]
         assert all(step["refit_status"] == 400 for step in mismatched), steps
-        assert record["causes"] and record["causes"][0].startswith("stale KV"), record["causes"]
+        # The job's own check refits once more the same way, then samples with the cache as it is and after a reset:
+        # after a reset the requests match; where they differ as cached, the check names stale KV. Its refit races
+        # like the steps' (a loaded machine: the long rollout over before the pause, SGLang's flush through, nothing
+        # stale; seen in a CI run alongside other engine tests), and then it rightly finds nothing.
         kept, fresh = record["checks"]["as cached"], record["checks"]["after reset"]
-        assert kept["cached"] > 100 and kept["at_T"] > THRESHOLD >= fresh["at_T"], record["checks"]
+        assert fresh["at_T"] <= THRESHOLD, record["checks"]
+        if kept["at_T"] > THRESHOLD:
+            assert kept["cached"] > 100 and record["causes"][0].startswith("stale KV"), (record["causes"], kept)
+        else:
+            assert record["causes"][0].startswith("not found"), (record["causes"], kept)
     else:  # the scheduler's assert after the refused flush takes the server down
         assert proc.returncode == 2 and "VERDICT: FAILED — SGLang's server died" in out, out + proc.stderr[-3000:]
         assert "Cache flush failed after updating weights" in out, out
