@@ -196,3 +196,21 @@ def pytest_collection_modifyitems(config, items):
         needed = sorted(_code_imports(source) & missing)
         if needed:
             item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(needed)}, not installed here"))
+
+
+def fresh_activation(monkeypatch):
+    """activation's state for in-process _apply calls: active with default settings, nothing gated, withdrawn,
+    patched or skipped yet (each restored after the test)."""
+    from nrl_shim import activation, registry
+
+    monkeypatch.setattr(activation._State, "active", True)
+    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
+    for name, empty in (
+        ("releases", {}),
+        ("withdrawn", {}),
+        ("verdicts", {}),
+        ("skipped", set()),
+        ("patched", set()),
+        ("applying", set()),
+    ):
+        monkeypatch.setattr(activation._State, name, empty)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SOURCE_ROOT, child_env, child_path, run_child, run_child_json, strict_stops_here
+from conftest import SOURCE_ROOT, child_env, child_path, fresh_activation, run_child, run_child_json, strict_stops_here
 
 
 @pytest.mark.parametrize("order", ["shim_first", "target_first"])
@@ -280,19 +280,9 @@ def gated(monkeypatch):
     import logging
     import types
 
-    from nrl_shim import activation, registry, report
+    from nrl_shim import registry, report
 
-    monkeypatch.setattr(activation._State, "active", True)
-    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (
-        ("releases", {}),
-        ("withdrawn", {}),
-        ("verdicts", {}),
-        ("skipped", set()),
-        ("patched", set()),
-        ("applying", set()),
-    ):
-        monkeypatch.setattr(activation._State, name, empty)
+    fresh_activation(monkeypatch)
     quirks: list = []
     monkeypatch.setattr(registry, "pre_quirks", lambda name, settings: [q for q in quirks if name in q.targets])
     monkeypatch.setattr(report, "_seen", set())

@@ -17,6 +17,8 @@ from nrl_shim import activation, cli, registry, report
 from nrl_shim.errors import QuirkSkippedError
 from nrl_shim.libraries import find
 
+from conftest import fresh_activation
+
 INSTALLED = Version(find("packaging").version)
 ABOVE = f">={INSTALLED.major + 1}"  # a range starting past the installed release
 CASE = "a call served"
@@ -69,17 +71,7 @@ def target(name="affected_target"):
 @pytest.fixture
 def active(monkeypatch):
     """activation's state for in-process _apply calls, nothing reported yet; the `nrl_shim` records collected."""
-    monkeypatch.setattr(activation._State, "active", True)
-    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (
-        ("releases", {}),
-        ("withdrawn", {}),
-        ("verdicts", {}),
-        ("skipped", set()),
-        ("patched", set()),
-        ("applying", set()),
-    ):
-        monkeypatch.setattr(activation._State, name, empty)
+    fresh_activation(monkeypatch)
     monkeypatch.setattr(report, "_seen", set())
     monkeypatch.setattr(registry, "_MISSING_PARTS", {})
     records = []

@@ -14,6 +14,8 @@ import pytest
 from nrl_shim import activation, cli, registry, report
 from nrl_shim.errors import RefitIncompleteError
 
+from conftest import fresh_activation
+
 PART = "calls in a row"
 
 
@@ -65,17 +67,7 @@ def target(**names):
 @pytest.fixture
 def active(monkeypatch):
     """activation's state for one in-process _apply, nothing reported yet; the `nrl_shim` records collected."""
-    monkeypatch.setattr(activation._State, "active", True)
-    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (
-        ("releases", {}),
-        ("withdrawn", {}),
-        ("verdicts", {}),
-        ("skipped", set()),
-        ("patched", set()),
-        ("applying", set()),
-    ):
-        monkeypatch.setattr(activation._State, name, empty)
+    fresh_activation(monkeypatch)
     monkeypatch.setattr(report, "_seen", set())
     monkeypatch.setattr(registry, "_MISSING_PARTS", {})
     records = []

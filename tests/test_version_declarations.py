@@ -12,6 +12,8 @@ from packaging.version import Version
 from nrl_shim import activation, cli, job_report, registry
 from nrl_shim.libraries import find
 
+from conftest import fresh_activation
+
 UNVERIFIED = "] acts on an unverified release: "
 
 INSTALLED = Version(find("packaging").version)
@@ -117,17 +119,7 @@ def test_check_hook_adds_what_it_found_missing_and_a_failing_check_says_so():
 @pytest.fixture
 def active(monkeypatch):
     """activation's state for one in-process _apply: active, default settings, nothing gated or reported yet."""
-    monkeypatch.setattr(activation._State, "active", True)
-    monkeypatch.setattr(activation._State, "settings", registry.load_settings({}))
-    for name, empty in (
-        ("releases", {}),
-        ("withdrawn", {}),
-        ("verdicts", {}),
-        ("skipped", set()),
-        ("patched", set()),
-        ("applying", set()),
-    ):
-        monkeypatch.setattr(activation._State, name, empty)
+    fresh_activation(monkeypatch)
     from nrl_shim import report
 
     records = []
