@@ -52,6 +52,17 @@ def _ours(obj, quirk_id):
         return False
 
 
+def below_the_shim(obj):
+    """What the shim's layers on obj wrap: under the fix's own layer there may be an engine's shared hook (one layer
+    every fix following weight updates subscribes to: nrl_shim/quirks/sglang/_weight_updates.py), a layer of the shim
+    too."""
+    from nrl_shim import patching
+
+    while isinstance(getattr(obj, "_self_wrapper", None), patching._Layer):
+        obj = obj.__wrapped__
+    return obj
+
+
 def layers(obj, quirk_id):
     """How many layers of quirk_id a call of obj goes through (enabled or not)."""
     from nrl_shim import patching
@@ -161,7 +172,7 @@ def check_before(quirk_id, modules):
         theirs[key] = vars(owner)[name]
     activation.activate(settings)
     out["over_other_tool"] = {
-        f"{o.__name__}.{n}": layers(vars(o)[n], quirk_id) == 1 and vars(o)[n].__wrapped__ is theirs[k]
+        f"{o.__name__}.{n}": layers(vars(o)[n], quirk_id) == 1 and below_the_shim(vars(o)[n]) is theirs[k]
         for k, (o, n, _) in found.items()
     }
     activation.deactivate()
