@@ -547,7 +547,8 @@ def _missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseExceptio
             lacking.append(name)
     if quirk.check is not None:  # check() reads target modules REQUIRES may not name
         for name, module in modules.items():
-            if name not in lacking and not isinstance(module, BaseException) and name in quirk.targets:
+            # the modules the fix itself patches (a CASE_TARGETS-only one is for releases it does not reach)
+            if name not in lacking and not isinstance(module, BaseException) and quirk.patches(name):
                 found = [m for m in quirk.missing(module) if m not in missing]
                 if found:
                     missing.extend(found)
