@@ -338,7 +338,12 @@ QUIRKS = (
     (
         "nrl_shim.quirks.sglang.trainer_logprobs",
         "sglang-trainer-logprobs",
-        ("sglang.srt.entrypoints.engine", "sglang.srt.layers.sampler", "sglang.srt.layers.logprob_processor"),
+        (
+            "nemo_rl",
+            "sglang.srt.entrypoints.engine",
+            "sglang.srt.layers.sampler",
+            "sglang.srt.layers.logprob_processor",
+        ),
         None,
         (),
     ),

@@ -8,6 +8,7 @@ sglang-sampling-defaults is about; native /generate does not read it, greedy cas
 
 import functools
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -142,13 +143,17 @@ def server_run(
     args: tuple[str, ...] = (),
     names: tuple[str, ...] = (),
     launch: str = "cli",
-    env: tuple[tuple[str, str], ...] = (),
+    env: tuple[tuple[str, str | None], ...] = (),
+    nemo_rl: str | None = None,
+    order: str = "",
 ) -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
-    of ORDER named in `names` (default: all) in ORDER's order, started by `launch` (the child's routes: "cli",
-    "ray_actor"), with `env` added to the server's environment; results by case name."""
+    of ORDER (or of `order`, [[name, case], ...] as JSON: server_run's results are cached) named in `names` (default: all) in that order, started by `launch`
+    (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the server's environment (a value of None:
+    the variable unset); with `nemo_rl` (NeMo RL's source) the launching process imports NeMo RL's package first, as
+    NeMo RL's own processes have it. Results by case name."""
     paths = checkpoints()
-    order = [(name, case) for name, case in ORDER if not names or name in names]
+    order = [(name, case) for name, case in (json.loads(order) if order else ORDER) if not names or name in names]
     cases = []
     for _name, case in order:
         case = dict(case)
@@ -156,19 +161,18 @@ def server_run(
             case["model_path"] = paths[case["model_path"]]
         cases.append(case)
     root = Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-{'shim' if shim else 'plain'}-"))
+    # NRL_SHIM_LOGPROBS=truncated: the trainer NeMo RL HEAD is (its top-p filter), without running NeMo RL here
+    variables = sglang_env(
+        {"NRL_SHIM": "1" if shim else "0", "NRL_SHIM_LOG_LEVEL": "INFO", "NRL_SHIM_LOGPROBS": "truncated", **dict(env)}
+    )
+    if nemo_rl:
+        variables["PYTHONPATH"] = os.pathsep.join([variables["PYTHONPATH"], nemo_rl])
+    run = {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases, "launch": launch}
     out, _proc = run_case(
         child_path("sglang_server"),
-        {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases, "launch": launch},
+        {**run, "nemo_rl": bool(nemo_rl)},
         root,
-        # NRL_SHIM_LOGPROBS=truncated: the trainer NeMo RL HEAD is (its top-p filter), without running NeMo RL here
-        env=sglang_env(
-            {
-                "NRL_SHIM": "1" if shim else "0",
-                "NRL_SHIM_LOG_LEVEL": "INFO",
-                "NRL_SHIM_LOGPROBS": "truncated",
-                **dict(env),
-            }
-        ),
+        env={k: v for k, v in variables.items() if v is not None},  # child_env drops every NRL_* it was not given
         timeout=1800,
     )
     results = {name: case["result"] for (name, _), case in zip(order, out["cases"])}

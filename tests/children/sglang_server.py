@@ -1,13 +1,15 @@
 """One real SGLang HTTP server (`python -m sglang.launch_server`, CPU) serving a list of cases in order, for the SGLang
 fixes' tests (tests/sglang_runs.py): `python sglang_server.py RUN.json`, RUN = {"model_path": dir, "args": [extra
-launch_server options], "cases": [...], "launch": "cli" | "ray_actor"}. Started with the environment this program got
+launch_server options], "cases": [...], "launch": "cli" | "spawn" | "ray_actor", "nemo_rl": bool}. Started with the environment this program got
 (tests/sglang_cpu on PYTHONPATH, SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM says), as a job starts it;
 stopped at the end (its process group, which this program started).
 
 Launch routes: `cli`, `python -m sglang.launch_server ARGS` in a subprocess; `ray_actor`, NeMo RL HEAD's way
 (nemo_rl/models/generation/sglang/sglang_worker.py): a local Ray cluster (127.0.0.1) whose actor builds
 `ServerArgs(**kwargs)` in Python and runs `launch_server(server_args)` in a `multiprocessing` spawn child, which starts
-SGLang's scheduler and detokenizer processes. The shim reaches each process through the environment alone.
+SGLang's scheduler and detokenizer processes; `spawn`, the same sequence in this process, without Ray. With "nemo_rl",
+this process imports NeMo RL's package first (its source on PYTHONPATH), as NeMo RL's actor and driver have it; the
+spawn child, as in NeMo RL, never does. The shim reaches each process through the environment alone.
 
 Cases, each on the server as the cases before it left it (weights and radix cache included):
 - {"kind": "generate", "prompt": ids, "max_tokens": n}: native /generate, greedy: tokens, logprobs, cached tokens;
@@ -20,6 +22,8 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
   parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
+- {"kind": "batch", "requests": [{"prompt": ids, "max_tokens": n, "sampling": {...}}, ...]}: the requests sent at
+  once (one batch), each one's tokens and logprobs;
 - {"kind": "nemo_rl_update", "model_path": dir}: NeMo RL HEAD's refit of the checkpoint in `dir` (nemo_rl_update's
   docstring; NeMo RL's source on PYTHONPATH): {"ok": bool, "error": NeMo RL's error};
 - {"kind": "group", "prompt": ids, "n": k, "max_tokens": n, "lead": bool}: k concurrent sampled requests of one prompt
@@ -129,13 +133,58 @@ def _launch_in_actor(options, log_path):
 
     server_args = ServerArgs(**options)
     multiprocessing.set_start_method("spawn", force=True)
-    log = open(log_path, "w")
-    # The spawn child inherits these descriptors: its (and its scheduler's) log lines reach the file.
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
+    if log_path is not None:
+        log = open(log_path, "w")
+        # The spawn child inherits these descriptors: its (and its scheduler's) log lines reach the file.
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
     process = multiprocessing.Process(target=launch_server, args=(server_args,))
     process.start()
     return process
+
+
+class SpawnServer(Server):
+    """launch_server(ServerArgs) in a `multiprocessing` spawn child of this process, as NeMo RL HEAD's actor starts it
+    (nemo_rl/models/generation/sglang/sglang_worker.py `_launch_server_process`), without Ray."""
+
+    def __init__(self, model_path, args, log_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        options = dict(model_path=model_path, host="127.0.0.1", port=self.port, **_options(args))
+        # The child inherits descriptors 1 and 2 at its start: pointed at the log for that moment only, so that this
+        # program's own result line still goes to its stdout.
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.log.fileno(), 1)
+        os.dup2(self.log.fileno(), 2)
+        try:
+            self.proc = _launch_in_actor(options, None)
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+    def exit_code(self):
+        return self.proc.exitcode
+
+    def stop(self):
+        import psutil
+
+        tree = [self.proc.pid]
+        try:
+            tree += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.join(timeout=60)
+        self.log.close()
 
 
 class RayActorServer(Server):
@@ -341,6 +390,21 @@ def group(server, case):
     }
 
 
+def batch(server, case):
+    """Requests sent together (one batch of the scheduler), each with its own sampling: each one's generate() result."""
+    results = [None] * len(case["requests"])
+
+    def one(index):
+        results[index] = generate(server, case["requests"][index])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    return {"results": results}
+
+
 def chat(server, case):
     texts = []
     for _ in range(case["n"]):
@@ -357,6 +421,7 @@ CASES = {
     "chat": chat,
     "sample": generate,
     "group": group,
+    "batch": batch,
     "nemo_rl_update": nemo_rl_update,
 }
 
@@ -372,7 +437,10 @@ def main():
     with open(sys.argv[1]) as f:
         run = json.load(f)
     log_path = sys.argv[1] + ".server.log"
-    route = {"cli": Server, "ray_actor": RayActorServer}[run.get("launch", "cli")]
+    if run.get("nemo_rl"):  # the launching process is a NeMo RL process (its package imported, as its actor has it)
+        import nemo_rl  # noqa: F401
+
+    route = {"cli": Server, "spawn": SpawnServer, "ray_actor": RayActorServer}[run.get("launch", "cli")]
     server = route(run["model_path"], run.get("args", []), log_path)
     results, died, start_s = [], None, None
     try:

@@ -8,13 +8,22 @@ T=0.7, top-p 0.8), no error. SGLang 0.5.12.post1 (NeMo RL's pin) has no way to a
 `return_sampling_mask` returns it apart, under another name).
 
 The fix, with vLLM's setting (NRL_SHIM_LOGPROBS, one setting for both engines: settings.ENGINE_VARIABLES):
-`truncated`, or `auto` in a process that runs NeMo RL's trainer-side code (HEAD), decided where the engine is launched
-(`_set_envs_and_config`, in the process that calls `Engine(...)`/`launch_server`) and handed to its scheduler
-processes through the environment: the sampler's logprobs of rows with top-k or top-p are renormalised as NeMo RL's
-trainer does (the sampled token's and the top-logprobs alike). `full` (and `auto` elsewhere): SGLang's own values,
-already the full-vocabulary ones: nothing to change. Left as SGLang has them (said in the docs): greedy rows
-(`log_softmax(logits)`), `SGLANG_RETURN_ORIGINAL_LOGPROB=1`, prompt (input) logprobs, min-p (NeMo RL does not train
-with it). Where SGLang's own sampling keeps a token NeMo RL's filter would not (both top-k and top-p set: SGLang
+`truncated`, or `auto` in a job that runs NeMo RL's trainer-side code (HEAD): the sampler's logprobs of rows with top-k
+or top-p are renormalised as NeMo RL's trainer does (the sampled token's and the top-logprobs alike). `full` (and
+`auto` elsewhere): SGLang's own values, already the full-vocabulary ones: nothing to change.
+
+Where `auto` is decided: in every process that imports `nemo_rl` (a target of this fix: NeMo RL's Ray actor, its
+driver) and again where the engine is launched (`_set_envs_and_config`, in the process that calls
+`Engine(...)`/`launch_server`), written to the environment (HANDOFF), which every process started from there inherits
+(NeMo RL HEAD runs `launch_server` in a spawn child of its actor, where `nemo_rl` is never imported;
+`python -m sglang.launch_server` from a NeMo RL process; the scheduler processes) and ray-propagate-env ships to Ray
+workers (an NRL_SHIM_* variable). Left out: a launcher that never imported `nemo_rl` and never had an ancestor that
+did (nothing tells it that the trainer is NeMo RL's: set NRL_SHIM_LOGPROBS=truncated there).
+
+Left as SGLang has them (said in the docs): greedy rows (`log_softmax(logits)`; SGLang samples a greedy request in a
+mixed batch as temperature 1, top-k 1, so a row with top-k 1 is taken as greedy, alone or batched alike),
+`SGLANG_RETURN_ORIGINAL_LOGPROB=1` (logprobs of the unscaled logits, asked for as they are), prompt (input)
+logprobs, min-p (NeMo RL does not train with it). Where SGLang's own sampling keeps a token NeMo RL's filter would not (both top-k and top-p set: SGLang
 applies top-p to the full distribution), that token's logprob is NeMo RL's: the float minimum.
 """
 
@@ -45,6 +54,7 @@ REQUIRES = (
 # Where the launching process hands its decision to the engine's scheduler processes (they inherit its environment):
 # the name of the trainer that truncates. Internal to the shim; not a setting.
 HANDOFF = "NRL_SHIM_SGLANG_TRUNCATING_TRAINER"
+ORIGINAL_LOGPROB = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 WHAT = "SGLang logprobs of requests sampled with top-k/top-p"
 _BATCH: "contextvars.ContextVar" = contextvars.ContextVar("nrl_shim_sglang_sampling_info", default=None)
 _SAID: set = set()
@@ -82,11 +92,35 @@ def unpatch_engine(module):
 def _decide(mode):
     trainer = {"truncated": "NRL_SHIM_LOGPROBS=truncated", "full": None}.get(mode)
     if mode == "auto":
-        trainer = trainer_truncates()
+        # This process's trainer, or an ancestor's word (a spawn child of NeMo RL's actor has no `nemo_rl` of its own)
+        trainer = trainer_truncates() or os.environ.get(HANDOFF)
     if trainer:
         os.environ[HANDOFF] = trainer
     else:
         os.environ.pop(HANDOFF, None)
+
+
+# --- a process that imports NeMo RL: decide, for every process started from it ---
+
+_TRAINER = "nemo_rl"
+_HANDED: dict = {}  # what patch_trainer found in the environment before it wrote HANDOFF (for unpatch_trainer)
+
+
+def patch_trainer(module, settings):
+    if settings.logprobs != "auto" or not trainer_truncates():
+        return
+    if HANDOFF not in _HANDED:
+        _HANDED[HANDOFF] = os.environ.get(HANDOFF)
+    _decide("auto")
+
+
+def unpatch_trainer(module):
+    if HANDOFF in _HANDED:
+        before = _HANDED.pop(HANDOFF)
+        if before is None:
+            os.environ.pop(HANDOFF, None)
+        else:
+            os.environ[HANDOFF] = before
 
 
 # --- the scheduler process: the sampler ---
@@ -101,10 +135,13 @@ def patch_sampler(module, settings):
     from nrl_shim.patching import wrap
 
     mode = settings.logprobs
+    # SGLang's own switch for the logprobs of the unscaled logits (read at its import, as SGLang does): asked for as
+    # they are, never renormalised
+    original = os.environ.get(ORIGINAL_LOGPROB, "false").lower() in ("true", "1")
 
     def forward_wrapper(wrapped, instance, args, kwargs):
         sampling_info = args[1] if len(args) > 1 else kwargs.get("sampling_info")
-        token = _BATCH.set(sampling_info if _truncating(mode) else None)
+        token = _BATCH.set(sampling_info if _truncating(mode) and not original else None)
         try:
             return wrapped(*args, **kwargs)
         finally:
@@ -136,6 +173,7 @@ def unpatch_processor(module):
 
 
 TARGETS = {
+    _TRAINER: (patch_trainer, unpatch_trainer),
     _ENGINE: (patch_engine, unpatch_engine),
     _SAMPLER: (patch_sampler, unpatch_sampler),
     _PROCESSOR: (patch_processor, unpatch_processor),
@@ -171,7 +209,9 @@ def renormalised(logprobs, sampling_info):
     top_ps = sampling_info.top_ps.to(logprobs.device, logprobs.dtype)
     temperatures = sampling_info.temperatures.to(logprobs.device).view(-1)
     truncated = (top_ks < vocab) | (top_ps < 1.0)
-    truncated &= temperatures > 1e-5  # greedy rows of a mixed batch: left as SGLang has them
+    # Greedy rows, left as SGLang has them. In a mixed batch SGLang samples a greedy request as temperature 1, top-k 1
+    # (its SamplingParams), and an all-greedy batch never gets here: top-k 1 is greedy, batched or not.
+    truncated &= (temperatures > 1e-5) & (top_ks > 1)
     if not bool(truncated.any()):
         return logprobs
     ascending, order = logprobs.sort(dim=-1)
