@@ -198,3 +198,16 @@ def test_original_logprobs_left_as_asked():
     original = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(result["tokens"]).unsqueeze(-1))
     assert _gap(result["logprobs"], original.squeeze(-1).tolist()) < 1e-4, result["logprobs"]
     assert not [line for line in run["shim_lines"] if f"[{ID}]" in line and "renormalised" in line], run["shim_lines"]
+
+
+@pytest.mark.full
+@pytest.mark.skipif(SOURCE is None, reason=str(MISSING_SOURCE))
+def test_nemo_rl_process_starting_the_server_command_with_the_default_setting():
+    """`python -m sglang.launch_server` started by a NeMo RL process (its package imported, SGLang's engine not): the
+    command's processes never import NeMo RL and get the renormalised logprobs with nothing set."""
+    order = json.dumps(DEFAULT_ROUTE[:1])
+    run = server_run(True, launch="cli", env=(("NRL_SHIM_LOGPROBS", None),), nemo_rl=SOURCE, order=order)
+    assert run["died"] is None, run["log_tail"]
+    result = run["results"]["sampled_top_p"]
+    _full, truncated = _references(result, weights="A")
+    assert _gap(result["logprobs"], truncated) < 1e-4, (result["logprobs"], truncated)
