@@ -148,10 +148,10 @@ def server_run(
     order: str = "",
 ) -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
-    of ORDER (or of `order`, [[name, case], ...] as JSON: server_run's results are cached) named in `names` (default: all) in that order, started by `launch`
-    (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the server's environment (a value of None:
-    the variable unset); with `nemo_rl` (NeMo RL's source) the launching process imports NeMo RL's package first, as
-    NeMo RL's own processes have it. Results by case name."""
+    of ORDER (or of `order`, [[name, case], ...] as JSON, hashable for the cache) named in `names` (default: all) in
+    that order, started by `launch` (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the
+    server's environment (a value of None: the variable unset); with `nemo_rl` (NeMo RL's source) the launching
+    process imports NeMo RL's package first, as NeMo RL's own processes have it. Results by case name."""
     paths = checkpoints()
     order = [(name, case) for name, case in (json.loads(order) if order else ORDER) if not names or name in names]
     cases = []

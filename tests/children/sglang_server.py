@@ -1,8 +1,8 @@
 """One real SGLang HTTP server (`python -m sglang.launch_server`, CPU) serving a list of cases in order, for the SGLang
 fixes' tests (tests/sglang_runs.py): `python sglang_server.py RUN.json`, RUN = {"model_path": dir, "args": [extra
-launch_server options], "cases": [...], "launch": "cli" | "spawn" | "ray_actor", "nemo_rl": bool}. Started with the environment this program got
-(tests/sglang_cpu on PYTHONPATH, SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM says), as a job starts it;
-stopped at the end (its process group, which this program started).
+launch_server options], "cases": [...], "launch": "cli" | "spawn" | "ray_actor", "nemo_rl": bool}. Started with the
+environment this program got (tests/sglang_cpu on PYTHONPATH, SGLANG_USE_CPU_ENGINE=1, the shim on or off as NRL_SHIM
+says), as a job starts it; stopped at the end (its process group, which this program started).
 
 Launch routes: `cli`, `python -m sglang.launch_server ARGS` in a subprocess; `ray_actor`, NeMo RL HEAD's way
 (nemo_rl/models/generation/sglang/sglang_worker.py): a local Ray cluster (127.0.0.1) whose actor builds
@@ -143,6 +143,23 @@ def _launch_in_actor(options, log_path):
     return process
 
 
+def kill_tree(process):
+    """SIGKILL a multiprocessing child and every process under it (SGLang's scheduler and detokenizer), then reap it."""
+    import psutil
+
+    tree = [process.pid]
+    try:
+        tree += [c.pid for c in psutil.Process(process.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.join(timeout=60)
+
+
 class SpawnServer(Server):
     """launch_server(ServerArgs) in a `multiprocessing` spawn child of this process, as NeMo RL HEAD's actor starts it
     (nemo_rl/models/generation/sglang/sglang_worker.py `_launch_server_process`), without Ray."""
@@ -171,19 +188,7 @@ class SpawnServer(Server):
         return self.proc.exitcode
 
     def stop(self):
-        import psutil
-
-        tree = [self.proc.pid]
-        try:
-            tree += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.join(timeout=60)
+        kill_tree(self.proc)
         self.log.close()
 
 
@@ -210,19 +215,7 @@ class RayActorServer(Server):
                 return self.process.exitcode
 
             def stop(self):
-                import psutil
-
-                tree = [self.process.pid]
-                try:
-                    tree += [c.pid for c in psutil.Process(self.process.pid).children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    pass
-                for pid in tree:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                self.process.join(timeout=60)
+                kill_tree(self.process)
 
         self.actor = SGLangServerActor.remote()
         self.pid = ray.get(self.actor.start.remote(options, log_path))

@@ -23,8 +23,9 @@ did (nothing tells it that the trainer is NeMo RL's: set NRL_SHIM_LOGPROBS=trunc
 Left as SGLang has them (said in the docs): greedy rows (`log_softmax(logits)`; SGLang samples a greedy request in a
 mixed batch as temperature 1, top-k 1, so a row with top-k 1 is taken as greedy, alone or batched alike),
 `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (logprobs of the unscaled logits, asked for as they are), prompt (input)
-logprobs, min-p (NeMo RL does not train with it). Where SGLang's own sampling keeps a token NeMo RL's filter would not (both top-k and top-p set: SGLang
-applies top-p to the full distribution), that token's logprob is NeMo RL's: the float minimum.
+logprobs, min-p (NeMo RL does not train with it). Where SGLang's own sampling keeps a token NeMo RL's filter would
+not (both top-k and top-p set: SGLang applies top-p to the full distribution), that token's logprob is NeMo RL's:
+the float minimum.
 """
 
 import contextvars
@@ -103,20 +104,20 @@ def _decide(mode):
 # --- a process that imports NeMo RL: decide, for every process started from it ---
 
 _TRAINER = "nemo_rl"
-_HANDED: dict = {}  # what patch_trainer found in the environment before it wrote HANDOFF (for unpatch_trainer)
+_BEFORE: list = []  # HANDOFF as patch_trainer found it, once it wrote it (for unpatch_trainer)
 
 
 def patch_trainer(module, settings):
-    if settings.logprobs != "auto" or not trainer_truncates():
-        return
-    if HANDOFF not in _HANDED:
-        _HANDED[HANDOFF] = os.environ.get(HANDOFF)
-    _decide("auto")
+    trainer = trainer_truncates() if settings.logprobs == "auto" else None
+    if trainer:
+        if not _BEFORE:
+            _BEFORE.append(os.environ.get(HANDOFF))
+        os.environ[HANDOFF] = trainer
 
 
 def unpatch_trainer(module):
-    if HANDOFF in _HANDED:
-        before = _HANDED.pop(HANDOFF)
+    if _BEFORE:
+        before = _BEFORE.pop()
         if before is None:
             os.environ.pop(HANDOFF, None)
         else:
