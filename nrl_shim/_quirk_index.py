@@ -324,6 +324,8 @@ QUIRKS = (
             "sglang.srt.managers.schedule_batch",
             "sglang.srt.managers.scheduler_update_weights_mixin",
             "sglang.srt.managers.scheduler_components.weight_updater",
+            "sglang.srt.managers.scheduler",
+            "sglang.srt.managers.scheduler_components.flush_wrapper",
         ),
         None,
         (),

@@ -55,6 +55,21 @@ RESUME_CASES = [
     ("after_resume_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
 ]
 
+# The caller's own flush while requests run (NeMo RL's invalidate_kv_cache, its refit's flush after the buckets): after
+# an update without flush (B again: the shim's cache then holds the prompt's KV of C, the weights before); once more
+# after a caller's flush that went through, and after an update whose own flush did (nothing of earlier weights left
+# either time: SGLang's answer, a refusal).
+FLUSH_RUNNING = {"kind": "flush_while_running", "requests": 4, "prompt": RUNNING_PROMPT, "max_tokens": 1000}
+FLUSH_CASES = [
+    ("update_b_again_no_flush", {"kind": "update_from_disk", "model_path": "B", "flush_cache": False}),
+    ("flush_running_after_update", FLUSH_RUNNING),
+    ("after_flush_running", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("flush_idle", {"kind": "post", "path": "/flush_cache", "body": {}}),
+    ("flush_running_flushed", FLUSH_RUNNING),
+    ("update_b_flushed", {"kind": "update_from_disk", "model_path": "B", "flush_cache": True}),
+    ("flush_running_update_flushed", FLUSH_RUNNING),
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
@@ -76,6 +91,7 @@ ORDER = [
         },
     ),
     ("after_running_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    *FLUSH_CASES,
     *GROUP_CASES,  # last: without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
 ]
 

@@ -6,13 +6,19 @@ with it, the same cases in one order), the route every RL framework's SGLang ser
 - 4 requests decoding, the generation paused in place (slime's, verl's way), an update with SGLang's flush: refused
   (0.5.22+: the update fails "cache was not flushed", and the prompt served before still comes from the old KV;
   up to 0.5.21 the scheduler asserts and the server dies); with the shim the update succeeds, the 4 requests finish,
-  and the prompt comes from the new weights.
+  and the prompt comes from the new weights;
+- an update without flush, then the caller's own flush while 4 requests run (NeMo RL's `invalidate_kv_cache`: one GET,
+  anything but a 200 raises; its refit's loop retries 60 s): without the shim 400 "Flush cache failed."; with it 200 at
+  once, the 4 requests finish, the prompt served before comes from the new weights; after a flush that went through
+  (the caller's, an update's own), the same flush while requests run gets SGLang's own 400 (nothing of earlier weights
+  to keep out).
 The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox -t full`).
 """
 
 import pytest
 
-from sglang_helpers import REAL_SGLANG, logprob_gap
+from conftest import run_child_json
+from sglang_helpers import REAL_SGLANG, logprob_gap, sglang_env
 from sglang_runs import PARALLEL, PROMPT, parallel_env, references, server_run
 
 ID = "sglang-radix-cache-refit"
@@ -111,6 +117,51 @@ def test_refused_flush_under_the_shim(shim):
     assert after["tokens"] == references()["C"]["tokens"] and logprob_gap(after, references()["C"]) < 1e-3
     refused = [line for line in shim["shim_lines"] if f"[{ID}]" in line and "refused" in line]
     assert refused, shim["shim_lines"]
+
+
+@real_sglang
+def test_callers_flush_while_requests_run_fails_without_the_shim(plain):
+    if plain["died"] is not None:  # up to 0.5.21 the server died at the refused flush inside an update, before
+        pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
+    flush = plain["results"]["flush_running_after_update"]
+    assert flush["flush"]["status"] == 400 and "Flush cache failed" in flush["flush"]["text"], flush
+    assert all(flush["finished"]), flush
+
+
+@real_sglang
+def test_callers_flush_while_requests_run_under_the_shim(shim):
+    results = shim["results"]
+    flush = results["flush_running_after_update"]
+    assert flush["flush"]["status"] == 200 and all(flush["finished"]), flush  # the running requests untouched
+    after = results["after_flush_running"]
+    # nothing of C's KV, the weights before (its first token is the running requests' own: computed with B)
+    assert after["cached"] <= 1, after
+    assert after["tokens"] == references()["B"]["tokens"] and logprob_gap(after, references()["B"]) < 1e-3
+    said = [line for line in shim["shim_lines"] if f"[{ID}]" in line and "flush asked for while" in line]
+    assert len(said) == 1 and "4 requests run or wait" in said[0], shim["shim_lines"]
+    # a flush that went through, then the same flush while requests run: SGLang's own refusal (nothing to keep out)
+    assert results["flush_idle"]["status"] == 200, results["flush_idle"]
+    flushed = results["flush_running_flushed"]
+    assert flushed["flush"]["status"] == 400 and all(flushed["finished"]), flushed
+    # an update whose own flush went through: the same
+    assert results["update_b_flushed"]["body"]["success"], results["update_b_flushed"]
+    flushed = results["flush_running_update_flushed"]
+    assert flushed["flush"]["status"] == 400 and all(flushed["finished"]), flushed
+
+
+@real_sglang
+def test_callers_flush_with_only_aborted_requests_left_gets_sglangs_answer():
+    """SGLang's own flush handler and Req objects (tests/children/sglang_flush_handler.py: the moment between an abort
+    and the step that finishes it, which a live server can't be held in): a running request, the flush answered
+    success under the shim (refused without it); the only request left being aborted (slime's pause, then its flush
+    before release_memory_occupation, which asserts an idle scheduler), SGLang's refusal either way: the caller's retry
+    gets the real flush a step later."""
+    for shim in (False, True):
+        out, _ = run_child_json("sglang_flush_handler", env=sglang_env({"NRL_SHIM": "1" if shim else "0"}))
+        answers = out["answers"]
+        assert answers["running"][0] is shim, answers
+        assert shim is ("nrl-shim keeps KV of weights before version 1 out" in answers["running"][1]), answers
+        assert answers["aborting"] == [False, ""], answers
 
 
 PARALLEL_CASES = ("first", "update_b_no_flush", "after_update", "follower")

@@ -19,6 +19,8 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "update_while_running", "model_path": dir, "requests": k, "prompt": ids, "max_tokens": n}: k requests
   started, the generation paused in place once they run (slime's and verl's way), /update_weights_from_disk with
   its flush (SGLang's default), generation continued, the k requests awaited;
+- {"kind": "flush_while_running", "requests": k, "prompt": ids, "max_tokens": n}: k requests started, GET /flush_cache
+  once they run (NeMo RL's invalidate_kv_cache), the k requests awaited: the flush's status and text;
 - {"kind": "chat", "n": k, "body": {...}}: k /v1/chat/completions requests of `body`: their texts;
 - {"kind": "sample", "prompt": ids, "max_tokens": n, "sampling": {...}}: native /generate sampled with those
   parameters (NeMo RL's request: input_ids, return_logprob): tokens and logprobs;
@@ -98,19 +100,19 @@ class Server:
         raise RuntimeError(f"the server was not up after {START_TIMEOUT_S} s")
 
     def post(self, path, body, timeout=600):
-        """(HTTP status, JSON body)."""
+        """(HTTP status, JSON body, or its text where it is none: /flush_cache answers in words)."""
         request = urllib.request.Request(
             f"{self.url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read() or b"null")
+                status, text = response.status, response.read()
         except urllib.error.HTTPError as error:
-            text = error.read()
-            try:
-                return error.code, json.loads(text)
-            except ValueError:
-                return error.code, text.decode(errors="replace")
+            status, text = error.code, error.read()
+        try:
+            return status, json.loads(text or b"null")
+        except ValueError:
+            return status, text.decode(errors="replace")
 
     def stop(self):
         if self.proc.poll() is None:
@@ -286,7 +288,9 @@ def post(server, case):
     return {"status": status, "body": out}
 
 
-def update_while_running(server, case):
+def _while_running(server, case, during):
+    """`case["requests"]` requests started, `during()` once they run, the requests awaited: (during's result, whether
+    each request finished with all its tokens)."""
     results = [None] * case["requests"]
 
     def one(index):
@@ -299,24 +303,43 @@ def update_while_running(server, case):
     for thread in threads:
         thread.start()
     time.sleep(case.get("settle_s", 1))  # the requests are admitted and decoding (each runs ~10 s here)
-    pause = server.post("/pause_generation", {"mode": "in_place"})
-    try:
-        update = server.post("/update_weights_from_disk", {"model_path": case["model_path"]})
-    except Exception as error:
-        update = (None, repr(error))
-    try:
-        resume = server.post("/continue_generation", {})
-    except Exception as error:
-        resume = (None, repr(error))
+    outcome = during()
     for thread in threads:
         thread.join(timeout=600)
     finished = [r is not None and r.get("status") == 200 and len(r["tokens"]) == case["max_tokens"] for r in results]
-    return {
-        "pause": list(pause),
-        "update": {"status": update[0], "body": update[1]},
-        "continue": list(resume),
-        "finished": finished,
-    }
+    return outcome, finished
+
+
+def update_while_running(server, case):
+    def pause_update_continue():
+        pause = server.post("/pause_generation", {"mode": "in_place"})
+        try:
+            update = server.post("/update_weights_from_disk", {"model_path": case["model_path"]})
+        except Exception as error:
+            update = (None, repr(error))
+        try:
+            resume = server.post("/continue_generation", {})
+        except Exception as error:
+            resume = (None, repr(error))
+        return {"pause": list(pause), "update": {"status": update[0], "body": update[1]}, "continue": list(resume)}
+
+    outcome, finished = _while_running(server, case, pause_update_continue)
+    return {**outcome, "finished": finished}
+
+
+def flush_while_running(server, case):
+    """GET /flush_cache while the requests run, as NeMo RL's `invalidate_kv_cache` sends it (one GET; anything but a
+    200 raises there) and its refit's retry loop (60 GETs a second apart, then TimeoutError): the first answer."""
+
+    def flush():
+        try:
+            with urllib.request.urlopen(f"{server.url}/flush_cache", timeout=600) as response:
+                return {"status": response.status, "text": response.read().decode(errors="replace")}
+        except urllib.error.HTTPError as error:
+            return {"status": error.code, "text": error.read().decode(errors="replace")}
+
+    outcome, finished = _while_running(server, case, flush)
+    return {"flush": outcome, "finished": finished}
 
 
 def nemo_rl_update(server, case):
@@ -411,6 +434,7 @@ CASES = {
     "update_from_disk": update_from_disk,
     "post": post,
     "update_while_running": update_while_running,
+    "flush_while_running": flush_while_running,
     "chat": chat,
     "sample": generate,
     "group": group,

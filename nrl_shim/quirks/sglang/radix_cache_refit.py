@@ -20,10 +20,21 @@ How (in each scheduler process: TP and DP ranks each own a radix cache and see e
   is evicted like any unused prefix. Before the first update nothing changes (no version in the key).
 - A flush after an update that SGLang refuses because requests run or wait: the update no longer fails for it (no
   assert; `success` stays what the weight load said, its message says the cache was kept and why that is safe).
-  A flush the caller asks for by itself (`/flush_cache`, `Engine.flush_cache()`) is left as it is. 0.5.12+ flush in
-  `flush_cache_after_weight_update` (wrapped); up to 0.5.11 each handler flushes inline and asserts: the handler then
-  runs without the flush, and the flush SGLang would have done follows it here (after a successful update, as SGLang's;
-  on 0.5.11 a draft model whose disk/IPC load failed skips it: the version keeps the old KV out either way).
+  0.5.12+ flush in `flush_cache_after_weight_update` (wrapped); up to 0.5.11 each handler flushes inline and asserts:
+  the handler then runs without the flush, and the flush SGLang would have done follows it here (after a successful
+  update, as SGLang's; on 0.5.11 a draft model whose disk/IPC load failed skips it: the version keeps the old KV out
+  either way).
+- A flush the caller asks for by itself (`/flush_cache`, `Engine.flush_cache()`: NeMo RL's after its buckets and its
+  `invalidate_kv_cache`, slime's before an update) that SGLang refuses because requests run or wait, while an update
+  was counted since the last flush that went through: answered success at once (no waiting, its timeout not used),
+  the cache left as it is, its message saying so (what the flush protects holds: the version keeps the old KV out of
+  every later request; running ones are untouched). SGLang's own answer everywhere else: nothing to protect (no update
+  since the last real flush; a flush as a "nothing runs" barrier before any update, NeMo RL's at start-up), or only
+  finished or aborted requests left (the scheduler is idle a step later; a caller that releases memory after its
+  flush, slime's, must not find requests there: SGLang asserts). So a 200 from /flush_cache after an update no longer
+  means that nothing runs: wait for your requests before `release_memory_occupation`, as SGLang's docs ask.
+  The handler: `Scheduler.flush_cache_wrapped` up to 0.5.12.post1, `SchedulerFlushWrapper.handle` from 0.5.13 (read in
+  the wheels; PARTS: a release without its one is said at start-up).
 Not covered: KV stores that key by tokens only, not extra_key (read in the wheels: LMCache up to 0.5.20, FlexKV,
 HiCache's storage tier up to 0.5.19, the experimental C++ tree up to 0.5.20): flush those after an update. A storage
 tier that does use extra_key (HiCache 0.5.20+) shared by several engines is namespaced per engine's update count:
@@ -52,6 +63,17 @@ REQUIRES = (
     f"{_BATCH}:Req.finished",
     *_weight_updates.requires("flush_cache_after_weight_update"),
 )
+_SCHEDULER = "sglang.srt.managers.scheduler"
+_FLUSH_WRAPPER = "sglang.srt.managers.scheduler_components.flush_wrapper"  # 0.5.13+
+# The caller's own flush: its handler per release, and the flush every path ends in (which says the cache is clean).
+_CALLER_FLUSH_OLD = "a flush the caller asks for, while requests run (Scheduler.flush_cache_wrapped)"
+_CALLER_FLUSH = "a flush the caller asks for, while requests run (SchedulerFlushWrapper.handle)"
+_FLUSHED = f"{_SCHEDULER}:Scheduler.flush_cache"
+PARTS = {
+    _CALLER_FLUSH_OLD: (f"{_SCHEDULER}:Scheduler.flush_cache_wrapped(recv_req)", _FLUSHED),
+    _CALLER_FLUSH: (f"{_FLUSH_WRAPPER}:SchedulerFlushWrapper.handle(recv_req)", _FLUSHED),
+}
+PART_RELEASES = {_CALLER_FLUSH_OLD: "<0.5.13", _CALLER_FLUSH: ">=0.5.13"}
 
 WHAT = "SGLang radix cache after a weight update"
 _KEPT = (
@@ -59,8 +81,9 @@ _KEPT = (
     "starts after this update"
 )
 _TAG = "nrl-shim-weights-"  # extra_key = f"{_TAG}{version}" or f"{_TAG}{version}|{the request's own extra_key}"
-# This process's weight version (one scheduler per process) and its live requests (to re-key those still waiting).
-_STATE = {"version": 0}
+# This process's weight version (one scheduler per process), the version its cache was last flushed at (a flush that
+# went through), and its live requests (to re-key those still waiting).
+_STATE = {"version": 0, "flushed": 0}
 _LIVE: "Any" = None  # WeakSet of this process's Req objects, created on first use
 _SAID: set = set()
 
@@ -77,7 +100,7 @@ def unpatch_batch(module):
     unwrap(module.Req, "__init__", ID)
     for req in list(_LIVE or ()):  # requests in flight keep serving: their own key back
         req.extra_key = base_key(req.extra_key)
-    _STATE["version"] = 0
+    _STATE.update(version=0, flushed=0)
 
 
 def _patch_updates(owner, settings):
@@ -101,14 +124,48 @@ def _unpatch_updates(owner):
         unwrap(owner, "flush_cache_after_weight_update", ID)
 
 
-TARGETS = {_BATCH: (patch_batch, unpatch_batch), **_weight_updates.targets(_patch_updates, _unpatch_updates)}
+def patch_scheduler(module, settings):
+    from nrl_shim.patching import wrap
+
+    wrap(module.Scheduler, "flush_cache", _flush_cache_wrapper, ID)
+    if hasattr(module.Scheduler, "flush_cache_wrapped"):  # up to 0.5.12.post1 (PARTS: said where a release lacks it)
+        wrap(module.Scheduler, "flush_cache_wrapped", _caller_flush_wrapper, ID)
+
+
+def unpatch_scheduler(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Scheduler, "flush_cache", ID)
+    if hasattr(module.Scheduler, "flush_cache_wrapped"):
+        unwrap(module.Scheduler, "flush_cache_wrapped", ID)
+
+
+def patch_flush_wrapper(module, settings):
+    from nrl_shim.patching import wrap
+
+    # The class, before the scheduler binds `flush_wrapper.handle` into its request dispatcher.
+    wrap(module.SchedulerFlushWrapper, "handle", _caller_flush_wrapper, ID)
+
+
+def unpatch_flush_wrapper(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.SchedulerFlushWrapper, "handle", ID)
+
+
+TARGETS = {
+    _BATCH: (patch_batch, unpatch_batch),
+    **_weight_updates.targets(_patch_updates, _unpatch_updates),
+    _SCHEDULER: (patch_scheduler, unpatch_scheduler),
+    _FLUSH_WRAPPER: (patch_flush_wrapper, unpatch_flush_wrapper),
+}
 
 
 def describe(settings, version):
     return (
         "after a weight update (tensor, distributed, disk, IPC; flushed or not): requests that start later never "
         "match KV of the old weights (weight version in the radix key); running requests keep theirs; a refused "
-        "flush no longer fails the update"
+        "flush no longer fails the update; the caller's own flush after an update succeeds while requests run"
     )
 
 
@@ -208,6 +265,8 @@ def _flush_after_update_wrapper(wrapped, instance, args, kwargs):
     if not getattr(recv_req, "flush_cache", False):
         return wrapped(*args, **kwargs)
     flushed = instance.flush_cache(empty_cache=getattr(recv_req, "torch_empty_cache", True))
+    if flushed:  # inside the update handler: the weights-changed hook counts this update once the handler returns
+        _STATE["flushed"] = _STATE["version"] + 1
     call_args, call_kwargs = _without_flush(recv_req, args, kwargs)  # SGLang's routine, without its second flush
     result = wrapped(*call_args, **call_kwargs)
     if not flushed:
@@ -268,3 +327,71 @@ def _say_flush_refused(instead):
         _STATE["version"],
         LINK,
     )
+
+
+# --- the caller's own flush ---
+
+
+def _flush_cache_wrapper(wrapped, instance, args, kwargs):
+    """Scheduler.flush_cache, every flush's end (the caller's, an update's, a release's): one that went through leaves
+    no KV of any earlier weights."""
+    flushed = wrapped(*args, **kwargs)
+    if flushed:
+        _STATE["flushed"] = _STATE["version"]
+    return flushed
+
+
+def _live_requests():
+    """This process's requests neither finished nor being finished (an abort sets `to_finish` first)."""
+    live = 0
+    for req in list(_LIVE or ()):
+        try:
+            if not req.finished() and getattr(req, "to_finish", None) is None:
+                live += 1
+        except Exception:  # a request of another shape: not counted
+            continue
+    return live
+
+
+def _caller_flush_wrapper(wrapped, instance, args, kwargs):
+    """The scheduler's handler of a flush the caller asks for (HTTP /flush_cache, Engine.flush_cache): refused by SGLang
+    while requests run or wait after an update that was not flushed, it is answered success with the cache kept (the
+    version keeps the old KV out of every later request); SGLang's answer everywhere else."""
+    if _STATE["version"] == _STATE["flushed"]:  # nothing of earlier weights in the cache (or no update yet)
+        return wrapped(*args, **kwargs)
+    live = _live_requests()
+    if not live:  # idle, or only finished/aborted requests left: SGLang's flush (or deferral) as it is
+        return wrapped(*args, **kwargs)
+    recv_req = args[0] if args else kwargs.get("recv_req")
+    if getattr(recv_req, "timeout_s", None):  # answered now: a flush tried, not deferred until idle
+        import copy
+
+        recv_req = copy.copy(recv_req)
+        recv_req.timeout_s = None
+        args, kwargs = ((recv_req, *args[1:]), kwargs) if args else ((), {**kwargs, "recv_req": recv_req})
+    result = wrapped(*args, **kwargs)
+    # refused for running requests: success False without a message ("another flush in progress" has one)
+    if result is None or getattr(result, "success", True) or getattr(result, "message", ""):
+        return result
+    from nrl_shim import report
+
+    result.success = True
+    result.message = (
+        f"cache not flushed: {live} requests running or waiting; nrl-shim keeps KV of weights before version "
+        f"{_STATE['version']} out of every request that starts from now on; running requests untouched"
+    )
+    report.first_at_info(
+        _SAID,
+        "caller-flush",
+        ID,
+        "changed",
+        "[%s] %s: flush asked for while %d requests run or wait, after weight version %d (not flushed since): "
+        "answered success at once, the cache kept (SGLang: failed, HTTP 400): requests that start from now on never "
+        "match KV of earlier weights, running ones untouched; the 200 no longer means nothing runs (%s)",
+        ID,
+        WHAT,
+        live,
+        _STATE["version"],
+        LINK,
+    )
+    return result
