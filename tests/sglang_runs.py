@@ -70,6 +70,15 @@ FLUSH_CASES = [
     ("flush_running_update_flushed", FLUSH_RUNNING),
 ]
 
+# 0.5.21+: a weight-update session with no load in it (weights written in place by P2P/RDMA, which no CPU runs: here
+# nothing is written), then the prompt served before. Older releases answer 404 (no sessions).
+SESSION_CASES = [
+    ("before_session", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("session_begin", {"kind": "post", "path": "/begin_weight_update", "body": {}}),
+    ("session_end", {"kind": "post", "path": "/end_weight_update", "body": {}}),
+    ("after_session", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
@@ -92,6 +101,7 @@ ORDER = [
     ),
     ("after_running_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     *FLUSH_CASES,
+    *SESSION_CASES,
     *GROUP_CASES,  # last: without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
 ]
 

@@ -116,7 +116,7 @@ def test_refused_flush_under_the_shim(shim):
     assert after["cached"] == 0, after
     assert after["tokens"] == references()["C"]["tokens"] and logprob_gap(after, references()["C"]) < 1e-3
     refused = [line for line in shim["shim_lines"] if f"[{ID}]" in line and "refused" in line]
-    assert refused, shim["shim_lines"]
+    assert refused and "weight version 3" in refused[0], shim["shim_lines"]  # this run's third update
 
 
 @real_sglang
@@ -162,6 +162,23 @@ def test_callers_flush_with_only_aborted_requests_left_gets_sglangs_answer():
         assert answers["running"][0] is shim, answers
         assert shim is ("nrl-shim keeps KV of weights before version 1 out" in answers["running"][1]), answers
         assert answers["aborting"] == [False, ""], answers
+
+
+@real_sglang
+def test_a_weight_update_session_without_a_load_is_counted(plain, shim):
+    """0.5.21+: begin_weight_update, end_weight_update with no load between (the session of weights written in place
+    by P2P/RDMA, SGLang's post-load step at its end). The write itself needs a GPU transport: here the weights stay B,
+    so what this shows is the count: without the shim the prompt served before comes from the cache (299 tokens),
+    with it from the new weight version (nothing cached), and the line names the route."""
+    if shim["results"]["session_begin"]["status"] == 404:
+        pytest.skip(f"SGLang {shim['sglang']} has no weight-update sessions (0.5.21+)")
+    for run in (plain, shim):
+        assert run["results"]["session_end"]["status"] == 200, run["results"]["session_end"]
+    assert plain["results"]["after_session"]["cached"] >= STALE, plain["results"]["after_session"]
+    after = shim["results"]["after_session"]
+    assert after["cached"] <= 1, after  # the first token: the flush cases' running requests' own, under the new version
+    assert after["tokens"] == references()["B"]["tokens"] and logprob_gap(after, references()["B"]) < 1e-3
+    assert any("end_weight_update with no tensor or distributed load" in line for line in shim["shim_lines"])
 
 
 PARALLEL_CASES = ("first", "update_b_no_flush", "after_update", "follower")

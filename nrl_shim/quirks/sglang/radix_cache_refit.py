@@ -10,7 +10,9 @@ measured 299 of 300 prompt tokens, logprob gap 9.6 to the new weights, no error.
 
 How (in each scheduler process: TP and DP ranks each own a radix cache and see every update):
 - A weight version per process, counted by the scheduler's update handlers (from tensor, distributed, disk, IPC;
-  each call, failed ones too: a failed update may have written some tensors).
+  each call, failed ones too: a failed update may have written some tensors) and, 0.5.21+, by the end of a
+  weight-update session with no tensor or distributed load in it (weights written in place by P2P/RDMA: SGLang runs
+  its post-load step there, the one sign they changed).
 - The version goes in front of each request's `extra_key` (SGLang's own radix-key namespace, 0.5.10+; a LoRA id
   and an elastic namespace stay at its end), so KV of one version is never matched by a request of another:
   requests created after an update, and those still waiting for their first prefill (holding no KV slot), take the
@@ -242,7 +244,7 @@ def _new_version(route):
             report.logger().debug("[%s] request not re-keyed: %r", ID, error)
     report.first_at_info(
         _SAID,
-        "update",
+        ("update", route),  # each route once: the user sees every way the weights changed was counted
         ID,
         "info",
         "[%s] %s: weights changed (%s), weight version %d: requests that start from now on (%d waiting) never match "
@@ -272,7 +274,8 @@ def _flush_after_update_wrapper(wrapped, instance, args, kwargs):
     if not flushed:
         if isinstance(result, tuple) and len(result) == 2:  # 0.5.22+: (success, message) of the update call
             result = (result[0], f"{result[1]} ({_KEPT})")
-        _say_flush_refused("not failed/asserted")
+        # inside the update handler: the weights-changed hook gives this update its version once the handler returns
+        _say_flush_refused("not failed/asserted", _STATE["version"] + 1)
     return result
 
 
@@ -306,11 +309,11 @@ def _inline_flush_update_wrapper(wrapped, instance, args, kwargs):
     if not flushed:
         if isinstance(getattr(result, "message", None), str):
             result.message = f"{result.message} ({_KEPT})"
-        _say_flush_refused("not asserted")
+        _say_flush_refused("not asserted", _STATE["version"])
     return result
 
 
-def _say_flush_refused(instead):
+def _say_flush_refused(instead, version):
     from nrl_shim import report
 
     report.first_at_info(
@@ -324,7 +327,7 @@ def _say_flush_refused(instead):
         ID,
         WHAT,
         instead,
-        _STATE["version"],
+        version,
         LINK,
     )
 
