@@ -357,6 +357,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.sglang.deterministic_seed",
+        "sglang-deterministic-seed",
+        ("sglang.srt.managers.schedule_batch", "sglang.srt.sampling.sampling_batch_info"),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.sglang.nemo_rl_rewrites",
         "sglang-nemo-rl-rewrites",
         (

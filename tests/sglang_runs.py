@@ -79,6 +79,32 @@ SESSION_CASES = [
     ("after_session", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
 ]
 
+# Requests queued across an update: 4 decoding (each its own prompt, first tokens no other prompt has), the generation
+# paused in SGLang's `retract` mode (back to the waiting queue, KV slots freed, the prompts' KV kept in the radix
+# cache), an update to C without flush, the generation continued. Each request prefills again: from its prompt's KV of
+# B (the weights before) without the shim; recomputed with C under it.
+RETRACTED_PROMPTS = [[490 + i] + [(j * 17 + i) % 480 + 3 for j in range(99)] for i in range(4)]
+RETRACT_CASES = [
+    (
+        "update_retracted",
+        {
+            "kind": "update_while_retracted",
+            "requests": 4,
+            "prompts": RETRACTED_PROMPTS,
+            "max_tokens": 1000,
+            "model_path": "C",
+            "flush_cache": False,
+        },
+    ),
+]
+
+# A trainer's broadcast (update_weights_from_distributed over gloo, this process rank 0), to A without flush: the
+# cache holds the prompt's KV of B (computed after the session cases), so without the shim the prompt comes from it.
+DISTRIBUTED_CASES = [
+    ("update_a_distributed", {"kind": "update_from_distributed", "model_path": "A", "flush_cache": False}),
+    ("after_distributed", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
@@ -102,6 +128,8 @@ ORDER = [
     ("after_running_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     *FLUSH_CASES,
     *SESSION_CASES,
+    *RETRACT_CASES,
+    *DISTRIBUTED_CASES,
     *GROUP_CASES,  # last: without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
 ]
 

@@ -12,6 +12,10 @@ with it, the same cases in one order), the route every RL framework's SGLang ser
   once, the 4 requests finish, the prompt served before comes from the new weights; after a flush that went through
   (the caller's, an update's own), the same flush while requests run gets SGLang's own 400 (nothing of earlier weights
   to keep out).
+- 4 requests decoding, the generation paused in SGLang's `retract` mode (back to the waiting queue, no KV slot), an
+  update without flush, the generation continued: without the shim each request's second prefill is served its
+  prompt's KV of the old weights; with it, recomputed;
+- 0.5.21+: a weight-update session with no load in it, counted.
 The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox -t full`).
 """
 
@@ -204,3 +208,39 @@ def test_every_rank_serves_the_new_weights_after_an_update_without_flush(kind):
         assert shim["results"]["after_update"]["cached"] == 0 and shim["results"]["follower"]["cached"] >= STALE
     ranks = [line for line in shim["shim_lines"] if f"[{ID}]" in line and "weight version 1" in line]
     assert len(ranks) == 2, shim["shim_lines"]  # one per rank's scheduler
+
+
+RETRACTED_PROMPT_LEN = 100  # tests/sglang_runs.py's RETRACTED_PROMPTS
+
+
+@real_sglang
+def test_requests_queued_across_an_update_are_served_the_new_weights(plain, shim):
+    """Requests waiting at an update, holding no KV slot (retracted by a `retract` pause: SGLang's documented pause for
+    updates; or not yet admitted), take the new weight version: their prefill after the update recomputes the prompt
+    with the new weights. Without the shim it is served the prompt's KV of the weights before (99+ of 100 tokens);
+    with it none. (The branch a mutation showed no other test needs: such requests left on the old key.)"""
+    update = shim["results"]["update_retracted"]
+    assert update["pause"][0] == 200 and update["update"]["status"] == 200, update
+    assert all(update["finished"]), update
+    assert update["cached"] == [0] * 4, update  # recomputed: nothing was cached under the new version
+    if plain["died"] is not None:  # up to 0.5.21 the server without the shim died at the refused flush before
+        pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
+    update = plain["results"]["update_retracted"]
+    assert update["update"]["status"] == 200 and all(update["finished"]), update
+    assert all(cached >= RETRACTED_PROMPT_LEN - 1 for cached in update["cached"]), update
+
+
+@real_sglang
+def test_an_update_from_distributed_is_counted(plain, shim):
+    """update_weights_from_distributed (a trainer's broadcast, gloo here; in a weight-update session on 0.5.21+), to A
+    without flush: without the shim the prompt comes from the cache's KV of B; with it, recomputed with A."""
+    update = shim["results"]["update_a_distributed"]
+    assert update["init"][0] == 200 and update["update"][0] == 200 and update["update"][1]["success"], update
+    after = shim["results"]["after_distributed"]
+    assert after["cached"] == 0, after
+    assert after["tokens"] == references()["A"]["tokens"] and logprob_gap(after, references()["A"]) < 1e-3
+    assert any("weights changed (update_weights_from_distributed)" in line for line in shim["shim_lines"])
+    if plain["died"] is not None:  # up to 0.5.21 the server without the shim died at the refused flush before
+        pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
+    assert plain["results"]["update_a_distributed"]["update"][0] == 200, plain["results"]["update_a_distributed"]
+    assert _stale(plain["results"]["after_distributed"], references()["A"]), plain["results"]["after_distributed"]

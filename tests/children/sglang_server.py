@@ -293,9 +293,11 @@ def _while_running(server, case, during):
     each request finished with all its tokens)."""
     results = [None] * case["requests"]
 
+    prompts = case.get("prompts") or [case["prompt"]] * case["requests"]  # one each, or one for all
+
     def one(index):
         try:
-            results[index] = generate(server, {"prompt": case["prompt"], "max_tokens": case["max_tokens"]})
+            results[index] = generate(server, {"prompt": prompts[index], "max_tokens": case["max_tokens"]})
         except Exception as error:  # the server died under it
             results[index] = {"error": repr(error)}
 
@@ -307,6 +309,8 @@ def _while_running(server, case, during):
     for thread in threads:
         thread.join(timeout=600)
     finished = [r is not None and r.get("status") == 200 and len(r["tokens"]) == case["max_tokens"] for r in results]
+    if case.get("cached"):  # what each request was served from the radix cache, over all its prefills
+        outcome = {**outcome, "cached": [r.get("cached") if r else None for r in results]}
     return outcome, finished
 
 
@@ -324,6 +328,23 @@ def update_while_running(server, case):
         return {"pause": list(pause), "update": {"status": update[0], "body": update[1]}, "continue": list(resume)}
 
     outcome, finished = _while_running(server, case, pause_update_continue)
+    return {**outcome, "finished": finished}
+
+
+def update_while_retracted(server, case):
+    """The generation paused in SGLang's `retract` mode (running requests back to the waiting queue, their KV slots
+    freed, their prompts' KV left in the radix cache), an update, the generation continued: each request prefills
+    again, its prompt served from the cache or recomputed."""
+
+    def pause_update_continue():
+        pause = server.post("/pause_generation", {"mode": "retract"})
+        update = server.post(
+            "/update_weights_from_disk", {"model_path": case["model_path"], "flush_cache": case["flush_cache"]}
+        )
+        resume = server.post("/continue_generation", {})
+        return {"pause": list(pause), "update": {"status": update[0], "body": update[1]}, "continue": list(resume)}
+
+    outcome, finished = _while_running(server, {**case, "cached": True}, pause_update_continue)
     return {**outcome, "finished": finished}
 
 
@@ -375,6 +396,67 @@ def nemo_rl_update(server, case):
     except Exception as error:  # NeMo RL's own error: the update failed
         return {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000]}
     return {"ok": True}
+
+
+def update_from_distributed(server, case):
+    """A trainer's broadcast (update_weights_from_distributed, verl's and slime's route): this process is rank 0 of a
+    weight-update group (gloo: SGLang takes the backend from the caller), the server's scheduler rank 1; the
+    checkpoint's tensors broadcast one by one while SGLang's handler receives them, inside a weight-update session
+    where the release has them (0.5.21+: SGLang refuses the update outside one)."""
+    import datetime
+
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from sglang.srt.utils.common import init_custom_process_group
+
+    weights = sorted(load_file(os.path.join(case["model_path"], "model.safetensors")).items())
+    group_name, port, calls = "nrl-shim-test-weights", free_port(), {}
+
+    def call(name, path, body):
+        calls[name] = list(server.post(path, body))
+
+    join = threading.Thread(
+        target=call,
+        args=("init", "/init_weights_update_group"),
+        kwargs={
+            "body": {
+                "master_address": "127.0.0.1",
+                "master_port": port,
+                "rank_offset": 1,
+                "world_size": 2,
+                "group_name": group_name,
+                "backend": "gloo",
+            }
+        },
+    )
+    join.start()
+    group = init_custom_process_group(
+        backend="gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=2,
+        rank=0,
+        group_name=group_name,
+        timeout=datetime.timedelta(seconds=120),  # a server that never joins fails the case, not the run
+    )
+    join.join()
+    session = server.post("/begin_weight_update", {})[0] == 200  # 404 before 0.5.21: no sessions
+    body = {
+        "names": [name for name, _ in weights],
+        "dtypes": [str(tensor.dtype).removeprefix("torch.") for _, tensor in weights],
+        "shapes": [list(tensor.shape) for _, tensor in weights],
+        "group_name": group_name,
+        "flush_cache": case["flush_cache"],
+    }
+    update = threading.Thread(target=call, args=("update", "/update_weights_from_distributed", body))
+    update.start()
+    for _, tensor in weights:
+        dist.broadcast(tensor.contiguous(), src=0, group=group)
+    update.join(timeout=600)
+    if session:
+        call("end", "/end_weight_update", {})
+    call("destroy", "/destroy_weights_update_group", {"group_name": group_name})
+    dist.destroy_process_group(group)
+    return {"session": session, **calls}
 
 
 def group(server, case):
@@ -434,12 +516,14 @@ CASES = {
     "update_from_disk": update_from_disk,
     "post": post,
     "update_while_running": update_while_running,
+    "update_while_retracted": update_while_retracted,
     "flush_while_running": flush_while_running,
     "chat": chat,
     "sample": generate,
     "group": group,
     "batch": batch,
     "nemo_rl_update": nemo_rl_update,
+    "update_from_distributed": update_from_distributed,
 }
 
 
