@@ -88,6 +88,19 @@ def reference(directory: str, prompt: list[int], max_tokens: int) -> dict:
     return {"tokens": ids[len(prompt) :], "logprobs": logprobs}
 
 
+def scored(directory: str, prompt: list[int], tokens: list[int]) -> list[float]:
+    """transformers' logprob of each of `tokens` after `prompt` and the tokens before it (one forward, float32): what
+    an engine serving those tokens with these weights returns for them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        scores = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], dim=-1)
+    return [float(scores[i, token]) for i, token in enumerate(tokens)]
+
+
 def logprob_gap(rollout: dict, expected: dict) -> float:
     """The largest |engine logprob - reference logprob| over the tokens both chose alike up to the first difference
     (the first token's at least)."""

@@ -8,18 +8,25 @@ Deterministic inference needs GPU kernels (triton's seeded hash, batch-invariant
 and SGLang refuses it with a CPU attention backend. So the CPU backend is registered as a deterministic one through
 SGLang's own plugin function (`add_deterministic_attention_backend_choices`), and nothing is sampled: the batch
 builder's seeds are the sampler's whole input besides the logits. The batch is a namespace with the two fields the
-builder reads (`reqs`, `device`). argv[1]: the checkpoint (ServerArgs reads its config). Prints one JSON line:
+builder reads (`reqs`, `device`), as a ScheduleBatch holds them. argv[1]: the checkpoint (ServerArgs reads its config). Prints one JSON line:
 per setting, each request's `sampling_params.sampling_seed` and the builder's seed tensor (None where it builds none).
 """
 
 import json
 import sys
-import types
 
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, add_deterministic_attention_backend_choices
+
+
+class Batch:
+    """The two fields of a ScheduleBatch the builder reads (its penalizers hold a weak reference to it)."""
+
+    def __init__(self, reqs):
+        self.reqs, self.device = reqs, "cpu"
+
 
 GROUP = 8  # a GRPO group: 8 requests of one prompt at temperature 1.0, no seed
 OWN_SEED = 7  # a request with its own seed
@@ -56,7 +63,7 @@ def main():
     for name, deterministic in (("off", False), ("on", True)):
         publish(sys.argv[1], deterministic)
         reqs = requests()
-        info = SamplingBatchInfo.from_schedule_batch(types.SimpleNamespace(reqs=reqs, device="cpu"), vocab_size=512)
+        info = SamplingBatchInfo.from_schedule_batch(Batch(reqs), vocab_size=512)
         seeds = info.sampling_seed
         out[name] = {
             "request_seeds": [req.sampling_params.sampling_seed for req in reqs],

@@ -309,8 +309,11 @@ def _while_running(server, case, during):
     for thread in threads:
         thread.join(timeout=600)
     finished = [r is not None and r.get("status") == 200 and len(r["tokens"]) == case["max_tokens"] for r in results]
-    if case.get("cached"):  # what each request was served from the radix cache, over all its prefills
-        outcome = {**outcome, "cached": [r.get("cached") if r else None for r in results]}
+    if case.get("outputs"):  # each request's tokens and their logprobs
+        outcome = {
+            **outcome,
+            "outputs": [{k: r.get(k) for k in ("tokens", "logprobs")} if r else None for r in results],
+        }
     return outcome, finished
 
 
@@ -334,7 +337,8 @@ def update_while_running(server, case):
 def update_while_retracted(server, case):
     """The generation paused in SGLang's `retract` mode (running requests back to the waiting queue, their KV slots
     freed, their prompts' KV left in the radix cache), an update, the generation continued: each request prefills
-    again, its prompt served from the cache or recomputed."""
+    again (prompt and the tokens so far), its prompt served from the cache or recomputed: its later tokens' logprobs
+    say which (SGLang counts a request's cached tokens at its first prefill only)."""
 
     def pause_update_continue():
         pause = server.post("/pause_generation", {"mode": "retract"})
@@ -344,7 +348,7 @@ def update_while_retracted(server, case):
         resume = server.post("/continue_generation", {})
         return {"pause": list(pause), "update": {"status": update[0], "body": update[1]}, "continue": list(resume)}
 
-    outcome, finished = _while_running(server, {**case, "cached": True}, pause_update_continue)
+    outcome, finished = _while_running(server, {**case, "outputs": True}, pause_update_continue)
     return {**outcome, "finished": finished}
 
 
