@@ -88,17 +88,16 @@ def reference(directory: str, prompt: list[int], max_tokens: int) -> dict:
     return {"tokens": ids[len(prompt) :], "logprobs": logprobs}
 
 
-def scored(directory: str, prompt: list[int], tokens: list[int]) -> list[float]:
-    """transformers' logprob of each of `tokens` after `prompt` and the tokens before it (one forward, float32): what
-    an engine serving those tokens with these weights returns for them."""
+def greedy_choices(directory: str, prompt: list[int], tokens: list[int]) -> list[int]:
+    """transformers' greedy choice at each of `tokens`' positions, after `prompt` and the tokens before it (one
+    forward, float32): what an engine serving those tokens greedily with these weights picks there."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     ids = torch.tensor([list(prompt) + list(tokens)])
     with torch.no_grad():
-        scores = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], dim=-1)
-    return [float(scores[i, token]) for i, token in enumerate(tokens)]
+        return model(ids).logits[0, len(prompt) - 1 : -1].argmax(dim=-1).tolist()
 
 
 def logprob_gap(rollout: dict, expected: dict) -> float:

@@ -82,7 +82,7 @@ SESSION_CASES = [
 # Requests queued across an update: 4 decoding (each its own prompt, first tokens no other prompt has), the generation
 # paused in SGLang's `retract` mode (back to the waiting queue, KV slots freed, the prompts' KV kept in the radix
 # cache), an update to C without flush, the generation continued. Each request prefills again: from its prompt's KV of
-# B (the weights before) without the shim; recomputed with C under it (its later tokens' logprobs say which).
+# B (the weights before) without the shim; recomputed with C under it (its later tokens say which).
 RETRACTED_PROMPTS = [[490 + i] + [(j * 17 + i) % 480 + 3 for j in range(99)] for i in range(4)]
 RETRACT_CASES = [
     (

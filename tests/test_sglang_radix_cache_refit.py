@@ -14,7 +14,7 @@ with it, the same cases in one order), the route every RL framework's SGLang ser
   to keep out).
 - 4 requests decoding, the generation paused in SGLang's `retract` mode (back to the waiting queue, no KV slot), an
   update without flush, the generation continued: without the shim each request's second prefill is served its
-  prompt's KV of the old weights (its later tokens 14-19 off in logprob); with it, recomputed (within 1e-4);
+  prompt's KV of the old weights (69-79 of its last 100 tokens not the new weights' greedy choice); with it, none;
 - a trainer's broadcast (update_weights_from_distributed over gloo) without flush: counted;
 - 0.5.21+: a weight-update session with no load in it, counted.
 The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox -t full`).
@@ -23,7 +23,7 @@ The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox
 import pytest
 
 from conftest import run_child_json
-from sglang_helpers import REAL_SGLANG, logprob_gap, scored, sglang_env
+from sglang_helpers import REAL_SGLANG, greedy_choices, logprob_gap, sglang_env
 from sglang_runs import PARALLEL, PROMPT, RETRACTED_PROMPTS, checkpoints, parallel_env, references, server_run
 
 ID = "sglang-radix-cache-refit"
@@ -214,35 +214,34 @@ def test_every_rank_serves_the_new_weights_after_an_update_without_flush(kind):
 TAIL = 100  # the last tokens of each retracted request: decoded well after the update (it comes ~1 s into ~1000)
 
 
-def _tail_gaps(update, checkpoint):
-    """Per retracted request, the largest gap over its last TAIL tokens to transformers' logprobs of those tokens with
-    `checkpoint`'s weights, after the request's prompt and all its tokens before them."""
-    gaps = []
-    for prompt, output in zip(RETRACTED_PROMPTS, update["outputs"]):
-        tokens, logprobs = output["tokens"], output["logprobs"]
-        expected = scored(checkpoint, prompt, tokens)
-        gaps.append(max(abs(a - b) for a, b in zip(logprobs[-TAIL:], expected[-TAIL:])))
-    return gaps
+def _tail_misses(update, checkpoint):
+    """Per retracted request, how many of its last TAIL tokens are not transformers' greedy choice with `checkpoint`'s
+    weights after the request's prompt and all its tokens before them."""
+    misses = []
+    for prompt, tokens in zip(RETRACTED_PROMPTS, update["outputs"]):
+        expected = greedy_choices(checkpoint, prompt, tokens)
+        misses.append(sum(a != b for a, b in zip(tokens[-TAIL:], expected[-TAIL:])))
+    return misses
 
 
 @real_sglang
 def test_requests_queued_across_an_update_are_served_the_new_weights(plain, shim):
     """Requests waiting at an update, holding no KV slot (retracted by a `retract` pause: SGLang's documented pause for
     updates; or not yet admitted), take the new weight version: their prefill after the update recomputes prompt and
-    tokens so far with the new weights, and the tokens after it are C's exactly. Without the shim the prompt's KV of
-    the weights before is served again (the radix cache kept it), and every later token is off. (The branch a mutation
-    showed no other test needs: such requests left on the old key.)"""
+    tokens so far with the new weights, and the tokens after it are C's greedy choices. Without the shim the prompt's
+    KV of the weights before is served again (the radix cache kept it), and the later tokens are not C's. (The branch
+    a mutation showed no other test needs: such requests left on the old key.)"""
     update = shim["results"]["update_retracted"]
     assert update["pause"][0] == 200 and update["update"]["status"] == 200, update
     assert all(update["finished"]), update
-    gaps = _tail_gaps(update, checkpoints()["C"])
-    assert max(gaps) < 1e-3, gaps
+    misses = _tail_misses(update, checkpoints()["C"])
+    assert max(misses) <= 2, misses  # float noise may flip a near-tie
     if plain["died"] is not None:  # up to 0.5.21 the server without the shim died at the refused flush before
         pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
     update = plain["results"]["update_retracted"]
     assert update["update"]["status"] == 200 and all(update["finished"]), update
-    gaps = _tail_gaps(update, checkpoints()["C"])
-    assert min(gaps) > 0.05, gaps
+    misses = _tail_misses(update, checkpoints()["C"])
+    assert min(misses) >= TAIL // 2, misses
 
 
 @real_sglang

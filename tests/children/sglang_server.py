@@ -261,12 +261,14 @@ def generate(server, case):
         {
             "input_ids": case["prompt"],
             "sampling_params": {**sampling, "max_new_tokens": case["max_tokens"], "ignore_eos": True},
-            "return_logprob": True,
+            "return_logprob": case.get("logprobs", True),
         },
     )
     if status != 200:
         return {"status": status, "body": out}
     meta = out["meta_info"]
+    if not case.get("logprobs", True):
+        return {"status": status, "tokens": out["output_ids"], "cached": int(meta.get("cached_tokens") or 0)}
     entries = meta["output_token_logprobs"]  # (logprob, token id, text) per generated token
     return {
         "status": status,
@@ -297,7 +299,12 @@ def _while_running(server, case, during):
 
     def one(index):
         try:
-            results[index] = generate(server, {"prompt": prompts[index], "max_tokens": case["max_tokens"]})
+            request = {
+                "prompt": prompts[index],
+                "max_tokens": case["max_tokens"],
+                "logprobs": case.get("logprobs", True),
+            }
+            results[index] = generate(server, request)
         except Exception as error:  # the server died under it
             results[index] = {"error": repr(error)}
 
@@ -309,11 +316,8 @@ def _while_running(server, case, during):
     for thread in threads:
         thread.join(timeout=600)
     finished = [r is not None and r.get("status") == 200 and len(r["tokens"]) == case["max_tokens"] for r in results]
-    if case.get("outputs"):  # each request's tokens and their logprobs
-        outcome = {
-            **outcome,
-            "outputs": [{k: r.get(k) for k in ("tokens", "logprobs")} if r else None for r in results],
-        }
+    if case.get("outputs"):  # each request's tokens
+        outcome = {**outcome, "outputs": [r.get("tokens") if r else None for r in results]}
     return outcome, finished
 
 
@@ -337,8 +341,9 @@ def update_while_running(server, case):
 def update_while_retracted(server, case):
     """The generation paused in SGLang's `retract` mode (running requests back to the waiting queue, their KV slots
     freed, their prompts' KV left in the radix cache), an update, the generation continued: each request prefills
-    again (prompt and the tokens so far), its prompt served from the cache or recomputed: its later tokens' logprobs
-    say which (SGLang counts a request's cached tokens at its first prefill only)."""
+    again (prompt and the tokens so far), its prompt served from the cache or recomputed: its later tokens say which
+    (SGLang counts a request's cached tokens at its first prefill only). Greedy, no logprobs: 0.5.12.post1's CPU engine
+    fails the input logprobs of such a prefill (`pin_memory=True` in the logits processor, a GPU-only allocation)."""
 
     def pause_update_continue():
         pause = server.post("/pause_generation", {"mode": "retract"})
@@ -348,7 +353,7 @@ def update_while_retracted(server, case):
         resume = server.post("/continue_generation", {})
         return {"pause": list(pause), "update": {"status": update[0], "body": update[1]}, "continue": list(resume)}
 
-    outcome, finished = _while_running(server, {**case, "outputs": True}, pause_update_continue)
+    outcome, finished = _while_running(server, {**case, "outputs": True, "logprobs": False}, pause_update_continue)
     return {**outcome, "finished": finished}
 
 
