@@ -59,6 +59,15 @@ _SETTINGS: dict = {}
 
 def read_settings_from(module, settings):
     _SETTINGS["module"] = module
+    if not hasattr(module, "get_exec") and not hasattr(module, "get_global_server_args"):  # a release not read
+        from nrl_shim import report
+
+        report.warn_once(
+            ID,
+            "settings",
+            f"[{ID}] {WHAT}: {module.__name__} has neither get_exec nor get_global_server_args (where SGLang says "
+            "whether deterministic inference is on): requests keep SGLang's seeds",
+        )
 
 
 def forget_settings(module):
