@@ -562,17 +562,47 @@ SGLANG_AREAL_DEPS = [
     "mistral_common>=1.9.0",
     "transformers==5.3.0",
     "xgrammar==0.1.32",
+    # What AReaL 1.0.4's SGLang route imports (areal.engine.sglang_remote, its launcher module), beside SGLang's own
+    # (AReaL itself --no-deps: its requirements pin torch < 2.11 and pull agent, logging and cloud stacks it does not
+    # import there); hydra and omegaconf at AReaL's pins.
+    "aiofiles",
+    "colorlog",
+    "flask",
+    "hydra-core==1.4.0.dev1",
+    "numba",
+    "omegaconf==2.4.0.dev2",
+    "tenacity",
+    "torchdata",
+]
+AREAL = "areal==1.0.4"
+
+
+# slime's pin (its image, docker/patch/v0.5.15.post1): the same recipe with its wheel's requirements, transformers at
+# its pin (5.12.1). slime's SGLangEngine reads ServerArgs with `dataclasses.fields`: 0.5.23's ServerArgs is no
+# dataclass, so slime 624b824a8 starts no engine there (TypeError), and its tests run here.
+SGLANG_SLIME = "0.5.15.post1"
+SGLANG_SLIME_DEPS = [
+    *_SGLANG_05_1X_DEPS,
+    "apache-tvm-ffi==0.1.11",
+    "distro",
+    "easydict",
+    "kernels>=0.14.1,<0.15",
+    "mistral_common>=1.11.5",
+    "torchao==0.17.0",
+    "transformers==5.12.1",
+    "xgrammar==0.2.1",
+    "zstandard",
 ]
 
 
-def _sglang_venv(session: nox.Session, release: str, deps: list[str]) -> None:
+def _sglang_venv(session: nox.Session, release: str, deps: list[str], no_deps: tuple[str, ...] = ()) -> None:
     python = session.virtualenv.location
     # run_install: these run under `nox --install-only` too. One uv call for the dependencies (torch +cpu from the
     # wheel directory), then sglang alone without its own requirements; bytecode compiled at install (as pip does),
     # so that an engine's first start neither pays for it nor writes into site-packages.
     install = ("uv", "pip", "install", "--python", python, "--compile-bytecode")
     session.run_install(*install, *_torch_cpu_source(), *deps, external=True)
-    session.run_install(*install, "--no-deps", f"sglang=={release}", external=True)
+    session.run_install(*install, "--no-deps", f"sglang=={release}", *no_deps, external=True)
     session.install("pytest>=8", "hypothesis>=6")
     session.install("--compile-bytecode", "--reinstall-package", "nrl-shim", ".")
 
@@ -624,6 +654,15 @@ def sglang_nemo_rl(session: nox.Session) -> None:
 # AReaL's pin, same harness: every SGLang test.
 @nox.session(python="3.11", tags=["full"])
 def sglang_areal(session: nox.Session) -> None:
-    """The SGLang engine tests on SGLang 0.5.10.post1 (AReaL's pin), torch +cpu."""
-    _sglang_venv(session, SGLANG_AREAL, SGLANG_AREAL_DEPS)
+    """The SGLang engine tests on SGLang 0.5.10.post1 (AReaL's pin), torch +cpu, AReaL 1.0.4's own route among them
+    (tests/test_sglang_areal.py)."""
+    _sglang_venv(session, SGLANG_AREAL, SGLANG_AREAL_DEPS, (AREAL,))
+    _sglang_tests(session, "sglang")
+
+
+# slime's pin, same harness: every SGLang test, slime's own engine (tests/test_sglang_slime.py) among them.
+@nox.session(python="3.11", tags=["full"])
+def sglang_slime(session: nox.Session) -> None:
+    """The SGLang engine tests on SGLang 0.5.15.post1 (slime's pin; the 0.5.13-0.5.21 path of the radix fix), torch +cpu."""
+    _sglang_venv(session, SGLANG_SLIME, SGLANG_SLIME_DEPS)
     _sglang_tests(session, "sglang")

@@ -530,12 +530,16 @@ def verdict(
 
 
 def _missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseException]") -> "tuple[list[str], list[str]]":
-    """What REQUIRES (and check()) name that the given modules lack, and which modules lack it."""
+    """What REQUIRES (and check()) name that the given modules lack, and which modules lack it. A module the release
+    does not ship at all, beside one that is there, is an alternative for other releases (e.g. a handler that moved to
+    another module): no job imports it, so a job never checks it, and neither does this."""
     missing: list[str] = []
     lacking: list[str] = []
-    for name in dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires):
+    named = dict.fromkeys(entry.partition(":")[0] for entry in quirk.requires)
+    absent = {name for name in named if _not_shipped(name, modules.get(name))}
+    for name in named:
         module = modules.get(name)
-        if module is None:
+        if module is None or (name in absent and len(absent) < len(named)):
             continue
         found = (
             [f"module {name} ({type(module).__name__}: {module})"]
@@ -556,6 +560,12 @@ def _missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseExceptio
     return missing, lacking
 
 
+def _not_shipped(name: str, module: "ModuleType | BaseException | None") -> bool:
+    """Whether importing `name` failed because the release has no such module (not: it is there and broke)."""
+    absent = getattr(module, "name", None) if isinstance(module, ModuleNotFoundError) else None
+    return bool(absent) and (name == absent or name.startswith(f"{absent}."))
+
+
 def _parts_missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseException]") -> "dict[str, list[str]]":
     """{part: names lacking} in the given modules. A module the release does not ship at all is one no job imports,
     so a job never names it either: not a missing part (e.g. vllm-layerwise-refit's reload hooks before vLLM's
@@ -566,8 +576,7 @@ def _parts_missing_in(quirk: "Quirk", modules: "Mapping[str, ModuleType | BaseEx
         if module is None:
             continue
         if isinstance(module, BaseException):
-            absent = getattr(module, "name", None) if isinstance(module, ModuleNotFoundError) else None
-            if absent and (name == absent or name.startswith(absent + ".")):
+            if _not_shipped(name, module):
                 continue
             gone = f"module {name} ({type(module).__name__}: {module})"
             for part, declared in quirk.parts.items():

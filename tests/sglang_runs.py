@@ -200,12 +200,16 @@ def server_run(
     env: tuple[tuple[str, str | None], ...] = (),
     nemo_rl: str | None = None,
     order: str = "",
+    slime: str | None = None,
+    areal_config: str = "",
 ) -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
-    of ORDER (or of `order`, [[name, case], ...] as JSON, hashable for the cache) named in `names` (default: all) in
-    that order, started by `launch` (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the
-    server's environment (a value of None: the variable unset); with `nemo_rl` (NeMo RL's source) the launching
-    process imports NeMo RL's package first, as NeMo RL's own processes have it. Results by case name."""
+        of ORDER (or of `order`, [[name, case], ...] as JSON, hashable for the cache) named in `names` (default: all) in
+        that order, started by `launch` (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the
+        server's environment (a value of None: the variable unset); with `nemo_rl` (NeMo RL's source) the launching
+        process imports NeMo RL's package first, as NeMo RL's own processes have it; `launch="slime"` starts it through
+    slime's SGLangEngine from slime's source at `slime`; `launch="areal"`, AReaL's server and RemoteSGLangEngine with
+    AReaL's SGLangConfig settings `areal_config` (JSON) over its defaults. Results by case name."""
     paths = checkpoints()
     order = [(name, case) for name, case in (json.loads(order) if order else ORDER) if not names or name in names]
     cases = []
@@ -222,6 +226,10 @@ def server_run(
     if nemo_rl:
         variables["PYTHONPATH"] = os.pathsep.join([variables["PYTHONPATH"], nemo_rl])
     run = {"model_path": paths["A"], "args": [*_server_args(), *args], "cases": cases, "launch": launch}
+    if slime:
+        run["slime"] = slime
+    if areal_config:
+        run["areal_config"] = json.loads(areal_config)
     out, _proc = run_case(
         child_path("sglang_server"),
         {**run, "nemo_rl": bool(nemo_rl)},

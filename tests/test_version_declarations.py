@@ -116,6 +116,23 @@ def test_check_hook_adds_what_it_found_missing_and_a_failing_check_says_so():
     assert broken.missing(target()) == ["its check of target_module failed: ZeroDivisionError: division by zero"]
 
 
+def test_doctor_skips_a_required_module_the_release_does_not_ship_beside_one_it_does():
+    """REQUIRES naming a handler in either of two modules (it moved between releases): the module a release lacks is
+    one no job imports, so the verdict checks the other; a release lacking both, or one whose module is there and
+    broken, is skipped with what is missing."""
+    quirk = registry.Quirk(
+        quirk_module(VERIFIED=f"<{BELOW}", REQUIRES=("target_module:helper", "moved_module:Owner.helper"))
+    )
+    gone = ModuleNotFoundError("No module named 'moved_module'", name="moved_module")
+    found = registry.verdict(quirk, None, {"target_module": target(helper=len), "moved_module": gone})
+    assert found.state == registry.UNVERIFIED, found
+    both_gone = {"target_module": ModuleNotFoundError("no", name="target_module"), "moved_module": gone}
+    assert registry.verdict(quirk, None, both_gone).state == registry.SKIPPED
+    broken = ModuleNotFoundError("No module named 'its_dependency'", name="its_dependency")
+    found = registry.verdict(quirk, None, {"target_module": target(helper=len), "moved_module": broken})
+    assert found.state == registry.SKIPPED and "moved_module" in found.reason, found
+
+
 @pytest.fixture
 def active(monkeypatch):
     """activation's state for one in-process _apply: active, default settings, nothing gated or reported yet."""

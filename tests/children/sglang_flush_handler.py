@@ -8,6 +8,7 @@ request's abort and the caller's flush both reach it through its socket, millise
 per moment, the handler's answer (success, message).
 """
 
+import inspect
 import json
 import types
 
@@ -27,7 +28,15 @@ def handler():
 
         state = types.SimpleNamespace(_pending_flush=None, flush_cache=lambda: False, is_fully_idle=lambda: False)
         return lambda recv_req: Scheduler.flush_cache_wrapped(state, recv_req)
-    wrapper = SchedulerFlushWrapper(flush_cache=lambda: False, is_fully_idle=lambda: False, send_output=print)
+    # Where the handler's answer goes differs by release (0.5.13-0.5.15 `ipc_channels`, later `send_output`); a refusal
+    # is returned, never sent, so neither is used here.
+    accepted = inspect.signature(SchedulerFlushWrapper).parameters
+    outputs = {"send_output": print, "ipc_channels": None}
+    wrapper = SchedulerFlushWrapper(
+        flush_cache=lambda: False,
+        is_fully_idle=lambda: False,
+        **{name: value for name, value in outputs.items() if name in accepted},
+    )
     return wrapper.handle
 
 

@@ -237,6 +237,359 @@ class RayActorServer(Server):
             self.log.close()
 
 
+class _CpuAccelerator:
+    """Made on first use (slime's accelerator base class is imported with slime): a CPU backend for slime's
+    accelerator registry (its own extension point, `register_accelerator`), which slime's SGLangEngine asks for the
+    device ids it gives SGLang. Slime ships CUDA and MUSA backends only; nothing of it is changed."""
+
+    @staticmethod
+    def register():
+        from slime.utils import accelerator
+        from slime.utils.accelerator.base import Accelerator
+
+        def unused(self, *args, **kwargs):
+            raise NotImplementedError("not used by slime's SGLang engine")
+
+        methods = {name: unused for name in getattr(Accelerator, "__abstractmethods__", ())}
+        cpu = type(
+            "CpuAccelerator",
+            (Accelerator,),
+            {
+                **methods,
+                "name": "cpu",
+                "device_type": "cpu",
+                "communication_backend_name": "gloo",
+                "visible_devices_env": "NRL_SHIM_TEST_VISIBLE_CPUS",
+                "is_available": lambda self: True,
+            },
+        )
+        accelerator.register_accelerator("cpu", cpu, is_available=lambda: True, communication_backends=("gloo",))
+        os.environ["SLIME_ACCELERATOR"] = "cpu"
+
+
+class SlimeServer(Server):
+    """slime's own SGLangEngine (slime/backends/sglang_utils/sglang_engine.py, its source on sys.path, unmodified):
+    its ServerArgs from slime's arguments (`--sglang-<option>` as attributes `sglang_<option>`, what slime's parser
+    makes of them), `launch_server` in a `multiprocessing` spawn child of this process, as slime's Ray actor starts
+    it. Its engine methods (pause, flush, updates, continue) are the slime cases' calls."""
+
+    def __init__(self, model_path, args, log_path, source):
+        import multiprocessing
+        import types
+
+        sys.path.insert(0, source)
+        _CpuAccelerator.register()
+        from slime.backends.sglang_utils.sglang_engine import SGLangEngine
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        slime_args = types.SimpleNamespace(
+            hf_checkpoint=model_path,
+            seed=0,
+            offload_rollout=True,  # colocated training: slime's memory saver, as in sglang_runs' other routes
+            num_gpus_per_node=1,
+            rollout_num_gpus_per_engine=1,
+            colocate=True,
+            debug_rollout_only=False,
+            actor_num_gpus_per_node=1,
+            actor_num_nodes=1,
+            sglang_pp_size=1,
+            sglang_dp_size=1,
+            sglang_ep_size=1,
+            use_rollout_routing_replay=False,
+            fp16=False,
+            rollout_external=False,
+            sglang_router_ip=None,  # no router: the engine is reached directly
+            sglang_router_port=None,
+            **{f"sglang_{key}": value for key, value in _options(args).items()},
+        )
+        self.engine = SGLangEngine(slime_args, rank=0)
+        # slime's init starts the server and waits for /health_generate: in a thread, so that this program's progress
+        # lines go on; the spawn child's descriptors point at the log until it has started.
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.log.fileno(), 1)
+        os.dup2(self.log.fileno(), 2)
+        self.init_error = None
+
+        def init():
+            try:
+                self.engine.init(
+                    dist_init_addr=f"127.0.0.1:{free_port()}", port=self.port, nccl_port=free_port(), host="127.0.0.1"
+                )
+            except Exception as error:
+                self.init_error = repr(error)
+
+        self.starting = threading.Thread(target=init, daemon=True)
+        try:
+            self.starting.start()
+            deadline = time.monotonic() + 120
+            while not multiprocessing.active_children() and self.starting.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+    def _process(self):
+        import multiprocessing
+
+        children = multiprocessing.active_children()
+        return getattr(self.engine, "process", None) or (children[0] if children else None)
+
+    def exit_code(self):
+        if self.init_error is not None:
+            return self.init_error
+        process = self._process()
+        return None if process is None else process.exitcode
+
+    def wait_ready(self):
+        started = super().wait_ready()
+        self.starting.join(timeout=START_TIMEOUT_S)  # slime's own wait (/health_generate) done too
+        if self.init_error is not None:
+            raise RuntimeError(f"slime's engine init failed: {self.init_error}")
+        return started
+
+    def stop(self):
+        process = self._process()
+        if process is not None:
+            kill_tree(process)
+        self.log.close()
+
+
+class ArealServer(Server):
+    """AReaL's own SGLang server (AReaL 1.0.4, installed): launch_server's options mapped onto AReaL's SGLangConfig
+    and its `build_args` (the rest, the CPU engine's options, added as they are), the command AReaL's SGLangBackend
+    starts (`python3 -m areal.experimental.inference_service.sglang.launch_server`: AReaL's copy of SGLang's
+    launch_server with its own scheduler process function); then AReaL's RemoteSGLangEngine connected to it, whose
+    methods the AReaL cases call."""
+
+    def __init__(self, model_path, args, log_path, areal_config=None):
+        import dataclasses as dc
+
+        from areal.api.cli_args import SGLangConfig
+        from areal.engine.sglang_remote import SGLangBackend
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        self.engine = None
+        options = _options(args)
+        fields = {f.name for f in dc.fields(SGLangConfig)}
+        # AReaL's own settings where the run names them (areal_config), its defaults otherwise
+        config = SGLangConfig(
+            model_path=model_path, **{k: v for k, v in options.items() if k in fields}, **(areal_config or {})
+        )
+        server_args = SGLangConfig.build_args(config, tp_size=1, base_gpu_id=0, host="127.0.0.1", port=self.port)
+        server_args.update({k: v for k, v in options.items() if k not in fields})
+        # AReaL's command is `python3 -m ...`: this interpreter's, as in AReaL's own environment
+        os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.log.fileno(), 1)  # AReaL's Popen writes the server's output to this program's stdout
+        os.dup2(self.log.fileno(), 2)
+        try:
+            self.proc = SGLangBackend().launch_server(server_args)
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+    def wait_ready(self):
+        import tempfile as tf
+
+        from areal.api.cli_args import InferenceEngineConfig, NameResolveConfig
+        from areal.engine.sglang_remote import RemoteSGLangEngine
+        from areal.utils import name_resolve
+
+        started = super().wait_ready()
+        # AReaL's disk refit waits for the trainer's record in name_resolve: a record root of this run's own
+        name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=tf.mkdtemp(prefix="areal-names-")))
+        config = InferenceEngineConfig(
+            experiment_name="nrl-shim-test", trial_name="areal", backend="sglang:d1", setup_timeout=600
+        )
+        self.engine = RemoteSGLangEngine(config)
+        self.engine.initialize(addr=[f"127.0.0.1:{self.port}"], train_data_parallel_size=1)
+        return started
+
+    def stop(self):
+        if self.engine is not None:
+            try:
+                self.engine.destroy()
+            except Exception as error:  # the run's result stands; say why the engine did not close
+                print(f"AReaL engine destroy: {error!r}", file=sys.stderr)
+        import psutil
+
+        tree = [self.proc.pid]
+        try:
+            tree += [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def areal_update(server, case):
+    """AReaL's refit as its FSDP engine runs it (areal/engine/fsdp_engine.py `_update_weights_from_distributed`,
+    `_update_weights_from_disk`), through AReaL's RemoteSGLangEngine, while `requests` rollouts run through its
+    `agenerate` (AReaL's interruption loop: an aborted request is sent again with its tokens so far once the engine
+    continues): pause_generation (SGLang's abort, then AReaL's grace period); "xccl": the weight-update group joined
+    and update_weights_from_distributed while the trainer (this process) broadcasts over gloo (AReaL's CPU platform);
+    "disk": update_weights_from_disk once the trainer's record is in name_resolve; the version set, continue. Each
+    rollout's tokens, the version of each token, its stop reason."""
+    import asyncio
+    import datetime as dt
+
+    from areal.api.alloc_mode import ModelAllocation
+    from areal.api.cli_args import GenerationHyperparameters
+    from areal.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
+    from areal.utils import name_resolve, names
+
+    engine = server.engine
+    version = engine.get_version()
+    results = [None] * case["requests"]
+
+    async def rollouts():
+        gconfig = GenerationHyperparameters(
+            n_samples=1, max_new_tokens=case["max_tokens"], max_tokens=len(case["prompt"]) + case["max_tokens"] + 1,
+            greedy=True, ignore_eos=True,
+        )  # fmt: skip
+
+        async def one(index):
+            try:
+                response = await engine.agenerate(ModelRequest(input_ids=list(case["prompt"]), gconfig=gconfig))
+                results[index] = {
+                    "tokens": list(response.output_tokens),
+                    "versions": list(response.output_versions),
+                    "stop": response.stop_reason,
+                }
+            except Exception as error:
+                results[index] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+
+        await asyncio.gather(*(one(i) for i in range(case["requests"])))
+
+    running = threading.Thread(target=lambda: asyncio.run(rollouts()))
+    running.start()
+    time.sleep(case.get("settle_s", 2))  # the rollouts are admitted and decoding
+    steps = {}
+    try:
+        engine.pause_generation()
+        if case["route"] == "xccl":
+            meta = WeightUpdateMeta(
+                type="xccl",
+                gen_allocation=ModelAllocation.from_str("sglang:d1", name="rollout"),
+                nccl_master_address="127.0.0.1",
+                nccl_group_name="update_weight_group",
+            )
+
+            def join(port, group_name):
+                meta.nccl_master_port, meta.nccl_group_name = port, group_name
+                return engine.init_weights_update_group(meta).result(timeout=300)
+
+            def update(body):
+                specs = [
+                    ParamSpec(name=n, shape=tuple(sh), dtype=d)
+                    for n, d, sh in zip(body["names"], body["dtypes"], body["shapes"])
+                ]
+                return engine.update_weights_from_distributed(meta, specs).result(timeout=600)
+
+            calls = _broadcast_update(case["model_path"], None, join, update)
+            steps["update"] = calls
+        else:
+            meta = WeightUpdateMeta(type="disk", path=case["model_path"], clear_checkpoint_after_load=False)
+            future = engine.update_weights_from_disk(meta)
+            update_name = names.update_weights_from_disk("nrl-shim-test", "areal", version)
+            name_resolve.add(update_name, str(dt.datetime.now().timestamp()), keepalive_ttl=120)
+            future.result(timeout=600)
+            steps["update"] = {"ok": True}
+        engine.set_version(version + 1)
+        engine.continue_generation()
+    except Exception as error:
+        steps["error"] = f"{type(error).__name__}: {error}"[:2000]
+        try:
+            engine.continue_generation()
+        except Exception:
+            pass
+    running.join(timeout=900)
+    return {**steps, "rollouts": results}
+
+
+def slime_update(server, case):
+    """slime's refit (slime/ray/actor_group.py `_reload_rollout_weights_from_disk` for "disk", its
+    UpdateWeightFromDistributed.update_weights for "distributed"), through slime's own engine methods, while
+    `requests` rollouts run: pause_generation (SGLang's default mode, abort), flush_cache (slime's loop: 60 GETs a
+    second apart until a 200, then TimeoutError), the update with the next weight version, continue_generation; then
+    the weight version the engine reports. Each call's answer or error; each rollout's tokens and finish reason."""
+    engine = server.engine
+    version = str(case["weight_version"])
+
+    def call(action, *args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            answer = action(*args, **kwargs)
+            answer = getattr(answer, "status_code", answer)  # pause/continue return the requests Response
+            return {"ok": True, "answer": answer, "seconds": round(time.monotonic() - t0, 2)}
+        except Exception as error:
+            return {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000], "seconds": time.monotonic() - t0}
+
+    def refit():
+        steps = {"pause": call(engine.pause_generation), "flush": call(engine.flush_cache)}
+        if case["route"] == "disk":
+            steps["update"] = call(
+                engine.update_weights_from_disk, model_path=case["model_path"], weight_version=version
+            )
+        else:
+
+            def join(port, group_name):
+                return engine.init_weights_update_group("127.0.0.1", port, 1, 2, group_name, "gloo")
+
+            def update(body):
+                return engine.update_weights_from_distributed(
+                    body["names"], body["dtypes"], body["shapes"], body["group_name"], weight_version=version
+                )
+
+            calls = _broadcast_update(case["model_path"], None, join, update)
+            engine.destroy_weights_update_group(calls["group_name"])
+            steps["update"] = {"ok": "error" not in str(calls.get("update")), "answer": calls}
+        steps["continue"] = call(engine.continue_generation)
+        steps["weight_version"] = call(engine.get_weight_version)
+        return steps
+
+    results = [None] * case["requests"]
+
+    def rollout(index):
+        body = {
+            "input_ids": case["prompt"],
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": case["max_tokens"], "ignore_eos": True},
+        }
+        try:
+            status, out = server.post("/generate", body)
+            finish = out["meta_info"].get("finish_reason") if status == 200 else out
+            results[index] = {"status": status, "tokens": len(out.get("output_ids", [])) if status == 200 else 0}
+            results[index]["finish"] = finish
+        except Exception as error:  # the server died under it
+            results[index] = {"error": repr(error)}
+
+    threads = [threading.Thread(target=rollout, args=(i,)) for i in range(case["requests"])]
+    for thread in threads:
+        thread.start()
+    time.sleep(case.get("settle_s", 1))  # the rollouts are admitted and decoding
+    steps = refit()
+    for thread in threads:
+        thread.join(timeout=600)
+    return {**steps, "rollouts": results}
+
+
 def _options(args):
     """launch_server's command-line options as ServerArgs keyword arguments (`--a-b v` -> a_b="v", a flag -> True)."""
     options, index = {}, 0
@@ -407,38 +760,29 @@ def nemo_rl_update(server, case):
     return {"ok": True}
 
 
-def update_from_distributed(server, case):
-    """A trainer's broadcast (update_weights_from_distributed, verl's and slime's route): this process is rank 0 of a
-    weight-update group (gloo: SGLang takes the backend from the caller), the server's scheduler rank 1; the
-    checkpoint's tensors broadcast one by one while SGLang's handler receives them, inside a weight-update session
-    where the release has them (0.5.21+: SGLang refuses the update outside one)."""
+def _broadcast_update(model_path, session_calls, join, update):
+    """A trainer's broadcast over gloo (SGLang takes the backend from the caller): this process is rank 0 of a
+    weight-update group, the server's scheduler rank 1. `join(port, group_name)` asks the server to join the group,
+    `update(body)` starts its update_weights_from_distributed (each in a thread: both block until this side acts);
+    the checkpoint's tensors are then broadcast one by one while SGLang's handler receives them. `session_calls`
+    (begin, end): the weight-update session around it where the release has one, or None. Returns the calls' answers."""
     import datetime
 
     import torch.distributed as dist
     from safetensors.torch import load_file
     from sglang.srt.utils.common import init_custom_process_group
 
-    weights = sorted(load_file(os.path.join(case["model_path"], "model.safetensors")).items())
+    weights = sorted(load_file(os.path.join(model_path, "model.safetensors")).items())
     group_name, port, calls = "nrl-shim-test-weights", free_port(), {}
 
-    def call(name, path, body):
-        calls[name] = list(server.post(path, body))
+    def call(name, action, *args):
+        try:
+            calls[name] = action(*args)
+        except Exception as error:  # the caller's own error (an HTTP error raised by slime's engine, say)
+            calls[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
 
-    join = threading.Thread(
-        target=call,
-        args=("init", "/init_weights_update_group"),
-        kwargs={
-            "body": {
-                "master_address": "127.0.0.1",
-                "master_port": port,
-                "rank_offset": 1,
-                "world_size": 2,
-                "group_name": group_name,
-                "backend": "gloo",
-            }
-        },
-    )
-    join.start()
+    joining = threading.Thread(target=call, args=("init", join, port, group_name))
+    joining.start()
     group = init_custom_process_group(
         backend="gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -447,25 +791,46 @@ def update_from_distributed(server, case):
         group_name=group_name,
         timeout=datetime.timedelta(seconds=120),  # a server that never joins fails the case, not the run
     )
-    join.join()
-    session = server.post("/begin_weight_update", {})[0] == 200  # 404 before 0.5.21: no sessions
+    joining.join()
+    session = session_calls is not None and session_calls[0]()
     body = {
         "names": [name for name, _ in weights],
         "dtypes": [str(tensor.dtype).removeprefix("torch.") for _, tensor in weights],
         "shapes": [list(tensor.shape) for _, tensor in weights],
         "group_name": group_name,
-        "flush_cache": case["flush_cache"],
     }
-    update = threading.Thread(target=call, args=("update", "/update_weights_from_distributed", body))
-    update.start()
+    updating = threading.Thread(target=call, args=("update", update, body))
+    updating.start()
     for _, tensor in weights:
         dist.broadcast(tensor.contiguous(), src=0, group=group)
-    update.join(timeout=600)
+    updating.join(timeout=600)
     if session:
-        call("end", "/end_weight_update", {})
-    call("destroy", "/destroy_weights_update_group", {"group_name": group_name})
+        call("end", session_calls[1])
     dist.destroy_process_group(group)
-    return {"session": session, **calls}
+    return {"session": bool(session), "group_name": group_name, **calls}
+
+
+def update_from_distributed(server, case):
+    """A trainer's broadcast (update_weights_from_distributed, verl's and slime's route) over HTTP, inside a
+    weight-update session where the release has them (0.5.21+: SGLang refuses the update outside one)."""
+
+    def join(port, group_name):
+        body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
+        return list(server.post("/init_weights_update_group", {**body, "group_name": group_name, "backend": "gloo"}))
+
+    calls = _broadcast_update(
+        case["model_path"],
+        (
+            lambda: server.post("/begin_weight_update", {})[0] == 200,  # 404 before 0.5.21: no sessions
+            lambda: list(server.post("/end_weight_update", {})),
+        ),
+        join,
+        lambda body: list(
+            server.post("/update_weights_from_distributed", {**body, "flush_cache": case["flush_cache"]})
+        ),
+    )
+    calls["destroy"] = list(server.post("/destroy_weights_update_group", {"group_name": calls.pop("group_name")}))
+    return calls
 
 
 def group(server, case):
@@ -533,6 +898,8 @@ CASES = {
     "batch": batch,
     "nemo_rl_update": nemo_rl_update,
     "update_from_distributed": update_from_distributed,
+    "slime_update": slime_update,
+    "areal_update": areal_update,
 }
 
 
@@ -550,8 +917,14 @@ def main():
     if run.get("nemo_rl"):  # the launching process is a NeMo RL process (its package imported, as its actor has it)
         import nemo_rl  # noqa: F401
 
-    route = {"cli": Server, "spawn": SpawnServer, "ray_actor": RayActorServer}[run.get("launch", "cli")]
-    server = route(run["model_path"], run.get("args", []), log_path)
+    launch = run.get("launch", "cli")
+    if launch == "slime":  # slime's SGLangEngine, from slime's source
+        server = SlimeServer(run["model_path"], run.get("args", []), log_path, run["slime"])
+    elif launch == "areal":  # AReaL's server and remote engine (its settings: areal_config)
+        server = ArealServer(run["model_path"], run.get("args", []), log_path, run.get("areal_config"))
+    else:
+        route = {"cli": Server, "spawn": SpawnServer, "ray_actor": RayActorServer}[launch]
+        server = route(run["model_path"], run.get("args", []), log_path)
     results, died, start_s = [], None, None
     try:
         start_s = server.wait_ready()

@@ -32,11 +32,11 @@ SUMMARY = (
 LINK = "https://github.com/sgl-project/sglang/pull/28001"
 LIBRARY = "sglang"
 # Where the bug exists, read in the wheels: 0.5.10.post1 -> 0.5.20 post-process on the disk route only; 0.5.21 adds the
-# weight-update session whose end post-processes. Run on 0.5.10.post1 and 0.5.12.post1 (CPU, FP8); the names it uses
-# found in every wheel 0.5.10 -> 0.5.20 (tools/requires_in_wheel.py; the handlers on SchedulerWeightUpdaterManager
-# from 0.5.13).
+# weight-update session whose end post-processes. Run on 0.5.10.post1, 0.5.12.post1 and 0.5.15.post1 (slime's pin; the
+# handlers on SchedulerWeightUpdaterManager from 0.5.13) (CPU, FP8); the names it uses found in every wheel 0.5.10 ->
+# 0.5.20 (tools/requires_in_wheel.py).
 VERSIONS = f"{SGLANG_SINCE},<0.5.21"
-VERIFIED = ">=0.5.10,<0.5.13"
+VERIFIED = ">=0.5.10,<0.5.16"
 FIXED_BY = LINK  # 0.5.21: end_weight_update() runs the layers' processing
 _ROUTES = ("update_weights_from_tensor", "update_weights_from_distributed")
 REQUIRES = _weight_updates.requires(routes=_ROUTES)
