@@ -387,6 +387,16 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.sglang.release_resume_idempotent",
+        "sglang-release-resume-idempotent",
+        (
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.sglang.quantized_refit_guard",
         "sglang-quantized-refit-guard",
         (

@@ -105,6 +105,23 @@ DISTRIBUTED_CASES = [
     ("after_distributed", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
 ]
 
+# Release and resume asked for twice (sglang-release-resume-idempotent), after everything else: A's weights held. The
+# weights released twice, resumed, refilled by an update from disk (A, flushed), the prompt; then the KV cache alone
+# released and every tag resumed (the weights never released: without the shim KeyError in the scheduler, the server
+# gone), the prompt; a resume with nothing released, the prompt.
+RELEASE_AGAIN_CASES = [
+    ("release_first", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
+    ("release_again", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
+    ("resume_after_release_again", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
+    ("update_after_release_again", {"kind": "update_from_disk", "model_path": "A", "flush_cache": True}),
+    ("after_release_again", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("release_kv_only", {"kind": "post", "path": "/release_memory_occupation", "body": {"tags": ["kv_cache"]}}),
+    ("resume_all_after_kv", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
+    ("after_resume_all", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("resume_unreleased", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
+    ("after_resume_unreleased", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
 # Case names -> their index in the run: one order for every fix.
 ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
@@ -130,8 +147,16 @@ ORDER = [
     *SESSION_CASES,
     *RETRACT_CASES,
     *DISTRIBUTED_CASES,
-    *GROUP_CASES,  # last: without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
+    *GROUP_CASES,  # without the shim 0.5.12.post1's server is gone by then (the data-parallel runs select it)
+    *RELEASE_AGAIN_CASES,  # last: without the shim the server is gone after them
 ]
+
+
+def down_at(run: dict, name: str) -> bool:
+    """Whether the server of `run` was gone (or failed) at its case `name`: that case's result is an error."""
+    result = run["results"][name]
+    return "error" in result or result.get("status", 200) != 200
+
 
 # Two ranks on this 2-core machine, one core each. Data parallelism: two scheduler processes, each with its own radix
 # cache, requests spread round-robin. Tensor parallelism: two scheduler processes of one TP group (gloo on a CPU), one

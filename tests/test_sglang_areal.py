@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from sglang_helpers import REAL_SGLANG, greedy_choices, logprob_gap
-from sglang_runs import MAX_TOKENS, PROMPT, RUNNING_PROMPT, checkpoints, references, server_run
+from sglang_runs import MAX_TOKENS, PROMPT, RUNNING_PROMPT, RUNNING_TOKENS, checkpoints, references, server_run
 from site_packages_hash import differences, site_packages, snapshot
 
 pytestmark = [
@@ -36,7 +36,8 @@ pytestmark = [
     ),
 ]
 
-ROLLOUTS = {"requests": 2, "prompt": RUNNING_PROMPT, "max_tokens": 600}
+# long enough to be decoding when the refit comes 2 s after they start (~10 s each here)
+ROLLOUTS = {"requests": 2, "prompt": RUNNING_PROMPT, "max_tokens": RUNNING_TOKENS}
 AREAL_ORDER = [
     ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
     ("refit_xccl", {"kind": "areal_update", "route": "xccl", "model_path": "B", **ROLLOUTS}),

@@ -24,7 +24,16 @@ import pytest
 
 from conftest import run_child_json
 from sglang_helpers import REAL_SGLANG, greedy_choices, logprob_gap, sglang_env
-from sglang_runs import PARALLEL, PROMPT, RETRACTED_PROMPTS, checkpoints, parallel_env, references, server_run
+from sglang_runs import (
+    PARALLEL,
+    PROMPT,
+    RETRACTED_PROMPTS,
+    checkpoints,
+    down_at,
+    parallel_env,
+    references,
+    server_run,
+)
 
 ID = "sglang-radix-cache-refit"
 
@@ -101,7 +110,7 @@ def test_update_without_flush_serves_new_weights_under_the_shim(shim):
 def test_refused_flush_fails_or_kills_the_server_without_the_shim(plain):
     update = plain["results"]["update_c_running"]
     after = plain["results"]["after_running_update"]
-    if plain["died"] is not None or "error" in after:  # up to 0.5.21: the scheduler's assert takes the server down
+    if down_at(plain, "after_running_update"):  # up to 0.5.21: the scheduler's assert takes the server down
         assert "Cache flush failed after updating weights" in plain["log_tail"], plain["log_tail"]
         return
     # 0.5.22+: the update fails (a 200 here means the requests had finished before the pause: no refused flush)
@@ -126,7 +135,7 @@ def test_refused_flush_under_the_shim(shim):
 
 @real_sglang
 def test_callers_flush_while_requests_run_fails_without_the_shim(plain):
-    if plain["died"] is not None:  # up to 0.5.21 the server died at the refused flush inside an update, before
+    if down_at(plain, "after_running_update"):  # up to 0.5.21 the server died at the refused flush inside an update
         pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
     flush = plain["results"]["flush_running_after_update"]
     assert flush["flush"]["status"] == 400 and "Flush cache failed" in flush["flush"]["text"], flush
@@ -236,7 +245,7 @@ def test_requests_queued_across_an_update_are_served_the_new_weights(plain, shim
     assert all(update["finished"]), update
     misses = _tail_misses(update, checkpoints()["C"])
     assert max(misses) <= 2, misses  # float noise may flip a near-tie
-    if plain["died"] is not None:  # up to 0.5.21 the server without the shim died at the refused flush before
+    if down_at(plain, "update_retracted"):  # up to 0.5.21 the server without the shim died at the refused flush before
         pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
     update = plain["results"]["update_retracted"]
     assert update["update"]["status"] == 200 and all(update["finished"]), update
@@ -254,7 +263,7 @@ def test_an_update_from_distributed_is_counted(plain, shim):
     assert after["cached"] == 0, after
     assert after["tokens"] == references()["A"]["tokens"] and logprob_gap(after, references()["A"]) < 1e-3
     assert any("weights changed (update_weights_from_distributed)" in line for line in shim["shim_lines"])
-    if plain["died"] is not None:  # up to 0.5.21 the server without the shim died at the refused flush before
+    if down_at(plain, "after_distributed"):  # up to 0.5.21 the server without the shim died at the refused flush before
         pytest.skip(f"the server without the shim died before (SGLang {plain['sglang']}): {plain['died']}")
     assert plain["results"]["update_a_distributed"]["update"][0] == 200, plain["results"]["update_a_distributed"]
     assert _stale(plain["results"]["after_distributed"], references()["A"]), plain["results"]["after_distributed"]
