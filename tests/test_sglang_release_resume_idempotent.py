@@ -3,12 +3,12 @@ tests/sglang_runs.py, RELEASE_AGAIN_CASES at their end): the weights released tw
 from disk, the prompt; the KV cache released alone and every tag resumed, the prompt; a resume with nothing released,
 the prompt.
 
-Without the shim the second release stashes the model's non-parameter buffers (the rotary tables) again from the
-paused memory, which the test harness's torch_memory_saver stand-in zeroes (tests/sglang_cpu; the real one unmaps it),
-and the resume restores those: after the refit the prompt's tokens are not the weights' (the refit sends parameters
-only); then the resume of tags never released raises KeyError in the scheduler and the server is gone. Under the shim
-each call leaves out the tags already in the state it asks for, one WARNING per call kind, and every prompt comes out
-as transformers gives it.
+Without the shim the resume of tags never released raises KeyError in the scheduler and the server is gone. The
+second release is harmless here: the test harness's torch_memory_saver stand-in (tests/sglang_cpu) leaves paused
+memory readable, and the prompt after the resume and refit is right either way; with the real one that release
+stashes the model's buffers from unmapped memory (read in SGLang's and torch_memory_saver's source, not run: no CUDA).
+Under the shim each call leaves out the tags already in the state it asks for, one WARNING per call kind, and every
+prompt comes out as transformers gives it.
 """
 
 import pytest
@@ -28,7 +28,7 @@ def _served_a(result):
     return result.get("tokens") == references()["A"]["tokens"] and logprob_gap(result, references()["A"]) < 1e-3
 
 
-def test_release_twice_then_resume_serves_wrong_tokens_and_a_resume_of_unreleased_tags_kills_the_server():
+def test_a_resume_of_tags_not_released_kills_the_server_without_the_shim():
     run = server_run(False)
     results = run["results"]
     if down_at(run, "release_first"):  # up to 0.5.21 the server without the shim died at a refused flush before
@@ -39,8 +39,7 @@ def test_release_twice_then_resume_serves_wrong_tokens_and_a_resume_of_unrelease
         200,
     ], results
     assert results["update_after_release_again"]["body"]["success"], results["update_after_release_again"]
-    after = results["after_release_again"]
-    assert after["status"] == 200 and after["tokens"] != references()["A"]["tokens"], after  # no error, wrong tokens
+    assert _served_a(results["after_release_again"]), results["after_release_again"]  # harmless on the CPU (above)
     assert down_at(run, "after_resume_all"), results["after_resume_all"]  # the resume of all tags took it down
     assert run["died"] is not None and "KeyError" in run["log_tail"], run["log_tail"]
     assert not _lines(run)

@@ -9,9 +9,9 @@ from 0.5.13):
   partial one) is `offload_tags.remove(tag)` of a missing tag: KeyError in the scheduler, which takes the server down
   (measured on the CPU engine: 0.5.23, 0.5.15.post1, 0.5.12.post1, 0.5.10.post1);
 - a release of weights already released stashes the model's non-parameter buffers (rotary tables and the like) again,
-  now from the paused memory, and the resume after it restores those: with torch_memory_saver that memory is unmapped
-  (read, not run here: no CUDA); with the test harness's stand-in it reads zeros, and the next rollouts after a resume
-  and a full refit came out wrong with no error (the refit sends parameters, not those buffers).
+  now from the paused memory, for the resume to restore: with torch_memory_saver that memory is unmapped (read in its
+  source and SGLang's, not run: no CUDA here; the test harness's stand-in leaves paused memory readable, and there
+  the second release was harmless).
 slime carries the same fix as a patch of SGLang in its image (docker/patch/v0.5.15.post1/sglang-release_hicache.patch).
 
 The fix, in each scheduler process (every TP/DP rank gets the same request and holds the same tags, so the barriers

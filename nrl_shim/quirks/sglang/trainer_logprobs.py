@@ -4,8 +4,9 @@ SGLang returns, for a sampled token, the full-vocabulary `log_softmax(logits / T
 what TRL, verl and a hand-written loop compute. NeMo RL HEAD's trainer filters its training logits with the rollout's
 top-k/top-p (`nemo_rl.algorithms.logits_sampling_utils.apply_top_k_top_p`: top-k, then top-p over what top-k kept,
 renormalised) and compares its logprobs to the rollout's: off by the log of the kept mass per token (0.22 measured at
-T=0.7, top-p 0.8), no error. SGLang 0.5.12.post1 (NeMo RL's pin) has no way to ask for the renormalised value (0.5.23's
-`return_sampling_mask` returns it apart, under another name).
+T=0.7, top-p 0.8), no error. SGLang 0.5.12.post1 (NeMo RL's pin) has no way to ask for the renormalised value (from
+0.5.18, `return_sampling_mask` returns SGLang's own kept set and logprobs over it apart, under another name; slime
+patches the same into 0.5.15.post1).
 
 The fix, with vLLM's setting (NRL_SHIM_LOGPROBS, one setting for both engines: settings.ENGINE_VARIABLES):
 `truncated`, or `auto` in a job that runs NeMo RL's trainer-side code (HEAD): the sampler's logprobs of rows with top-k
@@ -23,7 +24,9 @@ did (nothing tells it that the trainer is NeMo RL's: set NRL_SHIM_LOGPROBS=trunc
 Left as SGLang has them (said in the docs): greedy rows (`log_softmax(logits)`; SGLang samples a greedy request in a
 mixed batch as temperature 1, top-k 1, so a row with top-k 1 is taken as greedy, alone or batched alike),
 `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (logprobs of the unscaled logits, asked for as they are), prompt (input)
-logprobs, min-p (NeMo RL does not train with it). Where SGLang's own sampling keeps a token NeMo RL's filter would
+logprobs, min-p (NeMo RL does not train with it), the tokens speculative decoding accepts (EAGLE, NGRAM: their
+logprobs are computed by SGLang's speculative workers outside the two functions this fix wraps; read in every wheel,
+not run: those workers need CUDA). Where SGLang's own sampling keeps a token NeMo RL's filter would
 not (both top-k and top-p set: SGLang applies top-p to the full distribution), that token's logprob is NeMo RL's:
 the float minimum.
 """
