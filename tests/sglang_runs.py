@@ -15,6 +15,7 @@ from pathlib import Path
 
 from conftest import child_path, run_case
 from sglang_helpers import ENGINE_KW, reference, sglang_env, write_llama
+from site_packages_hash import differences, site_packages, snapshot
 
 PROMPT = [(i * 37) % 500 + 3 for i in range(300)]  # a long shared prefix, token ids of the tiny vocabulary
 MAX_TOKENS = 8
@@ -255,6 +256,11 @@ def server_run(
         run["slime"] = slime
     if areal_config:
         run["areal_config"] = json.loads(areal_config)
+    # The shared run under the shim (every fix's cases, CI's): the venv's site-packages hashed around it (~7 s each):
+    # no fix, nor the harness, writes an installed file.
+    shared = shim and launch == "cli" and not (args or names or env or order or nemo_rl or slime)
+    installed = site_packages(sys.executable) if shared else []
+    before = snapshot(roots=installed) if shared else {}
     out, _proc = run_case(
         child_path("sglang_server"),
         {**run, "nemo_rl": bool(nemo_rl)},
@@ -263,6 +269,8 @@ def server_run(
         timeout=1800,
     )
     results = {name: case["result"] for (name, _), case in zip(order, out["cases"])}
+    if shared:
+        out["site_packages_changed"] = differences(before, snapshot(roots=installed))
     print(
         f"SGLang {out['sglang']} server ({launch}, {'shim' if shim else 'no shim'}{', ' + ' '.join(args) if args else ''}): up in {out['start_s']} s, died: "
         f"{out['died']}; shim lines: {out['shim_lines']}",

@@ -16,7 +16,8 @@ with it, the same cases in one order), the route every RL framework's SGLang ser
   update without flush, the generation continued: without the shim each request's second prefill is served its
   prompt's KV of the old weights (69-79 of its last 100 tokens not the new weights' greedy choice); with it, none;
 - a trainer's broadcast (update_weights_from_distributed over gloo) without flush: counted;
-- 0.5.21+: a weight-update session with no load in it, counted.
+- 0.5.21+: a weight-update session with no load in it, counted;
+- the venv's site-packages hashed before and after the shared run under the shim: nothing written.
 The Engine's update_weights_from_tensor route: tests/test_sglang_engine.py (`nox -t full`).
 """
 
@@ -104,6 +105,12 @@ def test_update_without_flush_serves_new_weights_under_the_shim(shim):
     assert follower["cached"] >= STALE, follower
     assert follower["tokens"] == references()["B"]["tokens"] and logprob_gap(follower, references()["B"]) < 1e-3
     assert any(f"[{ID}]" in line and "weight version 1" in line for line in shim["shim_lines"]), shim["shim_lines"]
+
+
+@real_sglang
+def test_nothing_is_written_under_site_packages(shim):
+    """The shared run under the shim (every SGLang fix's cases on one server): the venv as installed after it."""
+    assert shim["site_packages_changed"] == [], shim["site_packages_changed"]
 
 
 @real_sglang
