@@ -230,12 +230,16 @@ def server_run(
     areal_config: str = "",
 ) -> dict:
     """The server child's output with the shim on (NRL_SHIM=1) or off, launch_server's options plus `args`, the cases
-        of ORDER (or of `order`, [[name, case], ...] as JSON, hashable for the cache) named in `names` (default: all) in
-        that order, started by `launch` (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the
-        server's environment (a value of None: the variable unset); with `nemo_rl` (NeMo RL's source) the launching
-        process imports NeMo RL's package first, as NeMo RL's own processes have it; `launch="slime"` starts it through
+    of ORDER (or of `order`, [[name, case], ...] as JSON, hashable for the cache) named in `names` (default: all) in
+    that order, started by `launch` (the child's routes: "cli", "spawn", "ray_actor"), with `env` added to the
+    server's environment (a value of None: the variable unset); with `nemo_rl` (NeMo RL's source) the launching
+    process imports NeMo RL's package first, as NeMo RL's own processes have it; `launch="slime"` starts it through
     slime's SGLangEngine from slime's source at `slime`; `launch="areal"`, AReaL's server and RemoteSGLangEngine with
-    AReaL's SGLangConfig settings `areal_config` (JSON) over its defaults. Results by case name."""
+    AReaL's SGLangConfig settings `areal_config` (JSON) over its defaults. Results by case name; the shared run under
+    the shim (no argument but `shim`) also says what changed under site-packages (`site_packages_changed`)."""
+    # The shared run under the shim (every fix's cases, CI's): the venv's site-packages hashed around it (~7 s each):
+    # no fix, nor the harness, writes an installed file.
+    shared = shim and launch == "cli" and not (args or names or env or order or nemo_rl or slime or areal_config)
     paths = checkpoints()
     order = [(name, case) for name, case in (json.loads(order) if order else ORDER) if not names or name in names]
     cases = []
@@ -256,9 +260,6 @@ def server_run(
         run["slime"] = slime
     if areal_config:
         run["areal_config"] = json.loads(areal_config)
-    # The shared run under the shim (every fix's cases, CI's): the venv's site-packages hashed around it (~7 s each):
-    # no fix, nor the harness, writes an installed file.
-    shared = shim and launch == "cli" and not (args or names or env or order or nemo_rl or slime)
     installed = site_packages(sys.executable) if shared else []
     before = snapshot(roots=installed) if shared else {}
     out, _proc = run_case(
