@@ -48,10 +48,16 @@ GROUP_CASES = [
 # The GPU given back and taken again as RL frameworks do between rollouts (all tags: weights, KV cache, CUDA graphs),
 # without a CPU backup; a request before the refit, the refit (B again, with its flush), a request after it. Before the
 # requests run while the update comes: without the shim 0.5.12.post1's server is gone after those.
+SETTLE = {"kind": "settle", "seconds": 2}  # see settle_after_resume
 RESUME_CASES = [
+    ("settle_before_release", SETTLE),  # a release asserts an idle scheduler: none of the requests before left in it
     ("release", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
     ("resume", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
     ("after_resume", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    # SGLang answers a request before its scheduler is idle again; an update's flush in that moment is refused (up to
+    # 0.5.21 the scheduler asserts and the server dies), seen with the cores shared by another server: the update
+    # comes once the scheduler had time to finish the request.
+    ("settle_after_resume", SETTLE),
     ("update_after_resume", {"kind": "update_from_disk", "model_path": "B", "flush_cache": True}),
     ("after_resume_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
 ]
@@ -65,6 +71,7 @@ FLUSH_CASES = [
     ("update_b_again_no_flush", {"kind": "update_from_disk", "model_path": "B", "flush_cache": False}),
     ("flush_running_after_update", FLUSH_RUNNING),
     ("after_flush_running", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("settle_before_flush_idle", SETTLE),  # idle: the request before done in the scheduler too
     ("flush_idle", {"kind": "post", "path": "/flush_cache", "body": {}}),
     ("flush_running_flushed", FLUSH_RUNNING),
     ("update_b_flushed", {"kind": "update_from_disk", "model_path": "B", "flush_cache": True}),
@@ -111,11 +118,13 @@ DISTRIBUTED_CASES = [
 # released and every tag resumed (the weights never released: without the shim KeyError in the scheduler, the server
 # gone), the prompt; a resume with nothing released, the prompt.
 RELEASE_AGAIN_CASES = [
+    ("settle_before_release_first", SETTLE),
     ("release_first", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
     ("release_again", {"kind": "post", "path": "/release_memory_occupation", "body": {}}),
     ("resume_after_release_again", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
     ("update_after_release_again", {"kind": "update_from_disk", "model_path": "A", "flush_cache": True}),
     ("after_release_again", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("settle_before_release_kv", SETTLE),
     ("release_kv_only", {"kind": "post", "path": "/release_memory_occupation", "body": {"tags": ["kv_cache"]}}),
     ("resume_all_after_kv", {"kind": "post", "path": "/resume_memory_occupation", "body": {}}),
     ("after_resume_all", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),

@@ -17,7 +17,16 @@ from sglang_runs import references, server_run
 
 pytestmark = REAL_SGLANG
 ID = "sglang-weightless-resume-guard"
-SEQUENCE = ("first", "release", "resume", "after_resume", "update_after_resume", "after_resume_update")
+SEQUENCE = (
+    "first",
+    "settle_before_release",
+    "release",
+    "resume",
+    "after_resume",
+    "settle_after_resume",
+    "update_after_resume",
+    "after_resume_update",
+)
 
 
 def _guard_lines(run, level=""):

@@ -16,6 +16,7 @@ Cases, each on the server as the cases before it left it (weights and radix cach
 - {"kind": "update_from_disk", "model_path": dir, "flush_cache": bool}: /update_weights_from_disk;
 - {"kind": "post", "path": "/...", "body": {...}}: one POST of `body` (release/resume_memory_occupation): its status
   and answer;
+- {"kind": "settle", "seconds": s}: nothing for s seconds (the scheduler finishes what it answered already);
 - {"kind": "update_while_running", "model_path": dir, "requests": k, "prompt": ids, "max_tokens": n}: k requests
   started, the generation paused in place once they run (slime's and verl's way), /update_weights_from_disk with
   its flush (SGLang's default), generation continued, the k requests awaited;
@@ -638,6 +639,11 @@ def update_from_disk(server, case):
     return {"status": status, "body": out}
 
 
+def settle(server, case):
+    time.sleep(case["seconds"])
+    return {"slept_s": case["seconds"]}
+
+
 def post(server, case):
     status, out = server.post(case["path"], case.get("body", {}))
     return {"status": status, "body": out}
@@ -889,6 +895,7 @@ CASES = {
     "generate": generate,
     "update_from_disk": update_from_disk,
     "post": post,
+    "settle": settle,
     "update_while_running": update_while_running,
     "update_while_retracted": update_while_retracted,
     "flush_while_running": flush_while_running,
