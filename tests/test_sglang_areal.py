@@ -84,7 +84,10 @@ def test_areal_rollouts_across_a_refit_come_from_each_version(run, refit, after,
         expected = {name: greedy_choices(paths[name], ROLLOUTS["prompt"], tokens) for name in (old, new)}
         misses_old = sum(t != c for t, c in zip(tokens[:changed_at], expected[old][:changed_at]))
         misses_new = sum(t != c for t, c in zip(tokens[changed_at:], expected[new][changed_at:]))
-        assert (misses_old, misses_new) == (0, 0), (changed_at, misses_old, misses_new)
+        # float noise flips a near-tie now and then over thousands of greedy steps (2 of 2143 seen): at most 1 %;
+        # tokens of the other weights miss nearly all
+        noise = max(2, len(tokens) // 100)
+        assert misses_old <= noise and misses_new <= noise, (changed_at, misses_old, misses_new)
     served = run["results"][after]
     assert served["tokens"] == references()[new]["tokens"] and logprob_gap(served, references()[new]) < 1e-3, served
 
