@@ -259,6 +259,13 @@ QUIRKS = (
         (),
     ),
     (
+        "nrl_shim.quirks.vllm.refit.weights_probe",
+        "vllm-weights-probe",
+        ("vllm.model_executor.model_loader.base_loader", "vllm.v1.worker.gpu_worker", "vllm.worker.worker_base"),
+        None,
+        (),
+    ),
+    (
         "nrl_shim.quirks.torch_cp.attention_mask",
         "cp-attention-mask",
         (

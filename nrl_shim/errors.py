@@ -29,3 +29,8 @@ class RefitIncompleteError(ShimError, RuntimeError):
 class PluginError(ShimError, RuntimeError):
     """Quirks from other packages (entry-point group `nrl_shim.quirks`) clash: two declare the same quirk id or setting,
     or (strict mode) one cannot be loaded."""
+
+
+class ProbeFindingError(ShimError, RuntimeError):
+    """Strict mode: the refit probe found the engine's weights are not the ones the trainer sent (docs/probe.md), and
+    the engine is about to serve a request from them."""

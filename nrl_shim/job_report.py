@@ -373,6 +373,10 @@ def table(directory: str, processes: list[dict], problems: list[str]) -> str:
             parts.append(f"nothing to change in {idle}")
         if parts:
             lines.append(f"  [{quirk}] " + "; ".join(parts))
+    probe_lines, _ = _probe(processes)
+    if probe_lines:
+        lines.append("  refit probe (docs/probe.md):")
+        lines.extend("    " + line for line in probe_lines)
     lines.extend(f"  not read: {problem}" for problem in problems)
     return "\n".join(lines)
 
@@ -385,8 +389,15 @@ def as_json(directory: str, processes: list[dict], problems: list[str]) -> dict:
             quirk: {kind: [{"process": where(p), "message": m} for p, m in entries] for kind, entries in kinds.items()}
             for quirk, kinds in summarize(processes).items()
         },
+        "probe": dict(zip(("replicas", "findings"), _probe(processes))),
         "not_read": problems,
     }
+
+
+def _probe(processes: list[dict]) -> tuple[list[str], list[str]]:
+    from nrl_shim.probe import replicas
+
+    return replicas.compare(processes)
 
 
 # --- where jobs keep their records (nrl-shim run) ---

@@ -203,6 +203,16 @@ ENGINE_VARIABLES = (
         "loop); `truncated`: renormalised over the tokens top-k/top-p/min-p keep, after penalties (vLLM's "
         "processed_logprobs; a trainer that filters its logits the same way: NeMo RL's training-time top-k/top-p)",
     ),
+    Variable(
+        "NRL_SHIM_PROBE",
+        "probe",
+        choice("on", "off"),
+        "on",
+        "`on` / `off`",
+        "the refit probe in every engine process (docs/probe.md): after each refit, an exact digest of the weights "
+        "checked against the earlier versions and the tensors sent (one WARNING per finding; strict mode: an error at "
+        "the engine's next step), and each replica's versions in the job report; `off`: none of it",
+    ),
 )
 # What the registry declares besides the quirks' own SETTINGS: the core's, then the engines' shared ones.
 SHARED_VARIABLES = CORE_VARIABLES + ENGINE_VARIABLES

@@ -92,11 +92,18 @@ def _quietly(quirk_id, what, call):
 
 class ModelWatch:
     """One fix's watched models. `after_refit(model)`, if given, runs after each `load_weights` call of a watched
-    model, a failed one too (it may have written some tensors)."""
+    model, a failed one too (it may have written some tensors); `before_refit(model, args, kwargs)`, if given, before
+    it, returning the (args, kwargs) to call it with (the probe passes the weights on through its own iterable)."""
 
-    def __init__(self, quirk_id: str, after_refit: "Callable[[Any], None] | None" = None) -> None:
+    def __init__(
+        self,
+        quirk_id: str,
+        after_refit: "Callable[[Any], None] | None" = None,
+        before_refit: "Callable[[Any, Any, Any], tuple[Any, Any]] | None" = None,
+    ) -> None:
         self.quirk_id = quirk_id
         self.after_refit = after_refit
+        self.before_refit = before_refit
         self.refits = 0  # load_weights calls of watched models in this process
         self._models: Any = None  # WeakSet, created on first use
         _WATCHES[quirk_id] = self
@@ -133,6 +140,14 @@ class ModelWatch:
 
 
 def _load_weights_wrapper(quirk_id, wrapped, instance, args, kwargs):
+    watch = _WATCHES.get(quirk_id)
+    if watch is not None and watch.before_refit is not None:
+        try:
+            args, kwargs = watch.before_refit(instance, args, kwargs)
+        except Exception as error:  # never break a refit over a fix: the call goes on as made
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not look at the refit: %r", quirk_id, error)
     try:
         return wrapped(*args, **kwargs)
     finally:  # a failed call may have written some tensors: still a refit

@@ -1,0 +1,237 @@
+"""Weight versions of one model in one engine process, and the findings of the "weights vs the refit" check.
+
+An engine's probe module calls, for each model it follows: `WeightsProbe(model, engine, where)` once loaded (version 0:
+the weights as loaded), `sent(weights)` around each refit call's (name, tensor) iterable, `refit_starts()` before each
+refit call and `refit_done()` once the refit is over (before the engine's next step: a bucketed refit is many calls).
+Torch is imported only when a digest is taken (inside an engine process, where it is loaded already).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from typing import Any
+
+# Elements per step of a digest: its temporaries are a few int64 copies of this many elements (32 MiB each), whatever
+# the tensor's size: the probe never holds a copy of a layer.
+CHUNK = 1 << 22
+_MASK = (1 << 64) - 1
+_POSITION_MODULUS = 65521  # a prime: position weights 1..65521, so a swap of two elements changes the digest
+_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+_RAMPS: dict = {}  # device -> int64 position weights of one chunk, made once per device
+
+
+def _bits(tensor: Any) -> Any:
+    """The tensor's elements as integers of the same size (its bit patterns), flat."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        return flat.to(torch.uint8)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    return flat.view(getattr(torch, _INT_VIEW[flat.element_size()]))
+
+
+def _ramp(device: Any) -> Any:
+    import torch
+
+    ramp = _RAMPS.get(device)
+    if ramp is None:
+        ramp = _RAMPS[device] = torch.arange(CHUNK, dtype=torch.int64, device=device) % _POSITION_MODULUS + 1
+    return ramp
+
+
+def tensor_digest(tensor: Any) -> Any:
+    """A 2-element int64 tensor on the tensor's device: the sum of its bit patterns and their position-weighted sum,
+    both wrapping mod 2**64. Any change of one element, or a swap of two, changes it (barring exact cancellation)."""
+    import torch
+
+    bits = _bits(tensor)
+    total = torch.zeros(2, dtype=torch.int64, device=bits.device)
+    ramp = _ramp(bits.device)
+    for start in range(0, bits.numel(), CHUNK):
+        chunk = bits[start : start + CHUNK].to(torch.int64)
+        offset = start % _POSITION_MODULUS  # the ramp of this chunk's positions, shifted: still 1..65521
+        weights = ramp[: chunk.numel()] if offset == 0 else (ramp[: chunk.numel()] + offset - 1) % _POSITION_MODULUS + 1
+        total[0] += chunk.sum()
+        total[1] += (chunk * weights).sum()
+    return total
+
+
+def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
+    """{name: digest} of many tensors, with one device sync for all of them."""
+    import torch
+
+    by_device: dict = {}  # device -> ([names], [digests]): one stack and one copy to the host per device
+    for name, tensor in named_tensors:
+        if tensor is None or not hasattr(tensor, "element_size") or tensor.device.type == "meta":
+            continue
+        names, parts = by_device.setdefault(tensor.device, ([], []))
+        names.append(name)
+        parts.append(tensor_digest(tensor))
+    found = {}
+    for names, parts in by_device.values():
+        values = torch.stack(parts).tolist()
+        found.update({name: (a & _MASK, b & _MASK) for name, (a, b) in zip(names, values)})
+    return found
+
+
+def model_digests(model: Any) -> dict[str, tuple[int, int]]:
+    """Every parameter of the model (tied ones once), by name. Buffers are left out: engines rewrite some of them at
+    the first forward (a rotary cache cast to the activations' dtype), which would read as weights changed."""
+    return digests(model.named_parameters())
+
+
+def version_key(parameters: dict[str, tuple[int, int]]) -> str:
+    text = repr(sorted(parameters.items())).encode()
+    return hashlib.blake2b(text, digest_size=8).hexdigest()
+
+
+def layout_key(model: Any, ranks: tuple) -> str:
+    """What replicas must share to be compared: parameter names, shapes and dtypes, and the ranks of the shard."""
+    text = repr((ranks, [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()])).encode()
+    return hashlib.blake2b(text, digest_size=6).hexdigest()
+
+
+class Finding:
+    """One thing wrong at a refit: the check that saw it, what it saw (a sentence), its size, the likely cause."""
+
+    __slots__ = ("kind", "check", "what", "size", "cause")
+
+    def __init__(self, kind: str, check: str, what: str, size: str, cause: str) -> None:
+        self.kind, self.check, self.what, self.size, self.cause = kind, check, what, size, cause
+
+    def __repr__(self) -> str:
+        return f"Finding({self.check!r}, {self.what!r})"
+
+
+def _names(changed: list[str]) -> str:
+    return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+
+
+class WeightsProbe:
+    """One model's weight versions in this process (version 0: as loaded; one per refit after), and the checks."""
+
+    def __init__(self, model: Any, engine: str, where: dict, digest: Callable[[Any], dict] = model_digests) -> None:
+        import weakref
+
+        self._model = weakref.ref(model)
+        self._digest = digest
+        self.engine, self.where = engine, dict(where)
+        self.refits = 0  # finished refits
+        self.in_refit = False  # a refit's calls have started and the engine has not stepped since
+        self.current = digest(model)
+        self.versions = [(version_key(self.current), "when loaded at start-up")]  # per version: its key, what it was
+        self._sent: dict[str, tuple[int, int]] = {}  # per tensor name, the digest it was last sent with
+        self._sent_changed: list[str] = []  # names sent in this refit with a digest other than their last one
+        self._sent_count = 0
+
+    @property
+    def model(self) -> Any:
+        return self._model()
+
+    def refit_starts(self) -> Finding | None:
+        """Before each refit call: at the first one of a refit, the weights must still be the last version's."""
+        if self.in_refit:
+            return None
+        self.in_refit = True
+        self._sent_changed, self._sent_count = [], 0
+        model = self.model
+        if model is None:
+            return None
+        # Parameters an in-place reload has already moved aside (vLLM 0.3x's layerwise reload puts them on the meta
+        # device before its load_weights call) are not compared: only the ones still there.
+        now = self._digest(model)
+        changed = sorted(name for name, value in now.items() if name in self.current and self.current[name] != value)
+        now = {**self.current, **now}
+        self.current = now
+        if not changed:
+            return None
+        # What the engine served since: a version of its own (a later refit that returns to it is named).
+        self.versions.append((version_key(now), f"when changed under the engine after refit {self.refits}"))
+        return Finding(
+            "changed under the engine",
+            "weights vs the refit",
+            f"{len(changed)} parameter(s) changed after refit {self.refits} with no refit through the engine since "
+            f"({_names(changed)})",
+            f"{len(changed)} of {len(now)} parameters",
+            "something wrote the weights under the engine (a checkpoint reloaded, a direct copy into a parameter, "
+            "another engine's transfer); a framework that writes weights in place (P2P/RDMA) with no load_weights call "
+            "reads the same",
+        )
+
+    def sent(self, weights: Any) -> Any:
+        """The refit call's (name, tensor) items, each digest kept: a list or tuple read at once and passed on as it is
+        (a loader may index it); any other iterable passed on item by item as the loader takes them."""
+        if isinstance(weights, (list, tuple)):
+            for item in weights:
+                self._note_sent(item)
+            return weights
+        return self._passing(weights)
+
+    def _passing(self, weights: Iterable[Any]) -> Iterator[Any]:
+        for item in weights:
+            self._note_sent(item)
+            yield item
+
+    def _note_sent(self, item: Any) -> None:
+        try:
+            name, tensor = item
+            value = digests([(name, tensor)]).get(name)
+        except Exception:  # an item of a form the probe does not know: passed on unread
+            return
+        if value is None:
+            return
+        self._sent_count += 1
+        last = self._sent.get(name)
+        if last is not None and last != value:
+            self._sent_changed.append(name)
+        self._sent[name] = value
+
+    def refit_done(self) -> Finding | None:
+        """Once the refit is over (the engine's next step): the new version, checked against the earlier ones."""
+        if not self.in_refit:
+            return None
+        self.in_refit = False
+        model = self.model
+        if model is None:
+            return None
+        self.refits += 1
+        now = self._digest(model)
+        key = version_key(now)
+        unchanged = now == self.current
+        self.current = now
+        earlier = [k for k, _ in self.versions[:-1]]
+        self.versions.append((key, f"after refit {self.refits}"))
+        if unchanged:
+            if not self._sent_changed:
+                return None  # the same tensors again (a re-sync), or nothing sent: nothing to say
+            return Finding(
+                "landed nowhere",
+                "weights vs the refit",
+                f"refit {self.refits} sent {len(self._sent_changed)} tensor(s) that changed since they were last sent "
+                f"({_names(self._sent_changed)}) and no weight of the model changed",
+                f"{len(self._sent_changed)} of {self._sent_count} tensors sent",
+                "the refit landed nowhere: names the model skips or does not have, another engine's model, a "
+                "transfer into a copy of the weights",
+            )
+        if key in earlier:
+            index = earlier.index(key)
+            return Finding(
+                "earlier weights again",
+                "weights vs the refit",
+                f"refit {self.refits} left the weights exactly as they were {self.versions[index][1]}",
+                "every parameter, bit for bit",
+                "earlier weights loaded again over the synced ones: the checkpoint reloaded from disk (a wake-up or "
+                "reload that reads the checkpoint, TRL#5312's shape) or an old copy sent; a policy in training never "
+                "comes back exactly. If the job loaded these weights on purpose (an evaluation), ignore this",
+            )
+        return None
+
+    def record(self) -> dict:
+        """What the job report keeps of the latest version (one note per refit)."""
+        return {"engine": self.engine, **self.where, "refit": self.refits, "version": self.versions[-1][0]}
