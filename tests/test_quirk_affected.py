@@ -274,7 +274,9 @@ def test_the_built_in_vllm_fixes_on_the_old_releases(monkeypatch, version, distr
             states[quirk.id] = "not-affected"
         else:
             states[quirk.id] = "case" if quirk.case else "activation"
-    assert {q for q, state in states.items() if state == "not-affected"} == NOT_AFFECTED_ON_0_9
+    # The refit probe follows the model-load step vLLM has from 0.9: nothing to follow on 0.8.5, no gap.
+    probe = {"vllm-weights-probe"} if version == "0.8.5" else set()
+    assert {q for q, state in states.items() if state == "not-affected"} == NOT_AFFECTED_ON_0_9 | probe
     assert {q for q, state in states.items() if state == "case"} == NAMED_AT_THE_CASE[version]
     assert {q for q, state in states.items() if state == "activation"} == stopped_at_activation
     strict = registry.load_settings({"NRL_SHIM_STRICT": "1"})

@@ -153,4 +153,4 @@ def test_a_setting_read_by_two_libraries_fixes_is_declared_outside_both():
         if attr in owner:
             assert libraries <= {owner[attr]}, f"settings.{attr} (declared by a {owner[attr]} fix) read in {libraries}"
     assert {"vllm", "sglang"} <= readers["logprobs"] and {"vllm", "sglang"} <= readers["sampling_defaults"]
-    assert {v.attr for v in ENGINE_VARIABLES} == {"logprobs", "sampling_defaults"}
+    assert {v.attr for v in ENGINE_VARIABLES} == {"logprobs", "sampling_defaults", "probe"}

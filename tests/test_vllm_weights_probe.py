@@ -1,0 +1,88 @@
+"""vllm-weights-probe on real engines (vLLM's CPU build): refits as RL frameworks send them give no finding, and each
+shape the probe exists for is named at the refit where it happens, in the engine's worker, before the next step
+serves from it. Each shape's failure is shown too: the engine really serves from the wrong weights (the reloaded
+checkpoint's tokens; the same tokens after a refit that landed nowhere), with nothing said by vLLM. The mechanism on
+torch modules: tests/test_probe_weights.py.
+"""
+
+import pytest
+
+from conftest import run_child_json
+from vllm_helpers import real_engine
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from tiny_models import write_model
+
+    return {"llama": write_model(tmp_path_factory.mktemp("models") / "llama", "llama")}
+
+
+def run_scenarios(tmp_path, cases, env=None):
+    args = (f"{k}={v}" for k, v in cases.items())
+    env = {"NRL_SHIM": "1", "NRL_SHIM_LOG_LEVEL": "DEBUG", **(env or {})}
+    return run_child_json("weights_probe_engine", *args, env=env, timeout=900, cwd=tmp_path)[0]
+
+
+@pytest.fixture(scope="module")
+def outcomes(models, tmp_path_factory):
+    # One interpreter, one fresh engine per scenario.
+    llama = models["llama"]
+    cases = {"quiet": llama, "reload": llama, "under": llama, "nowhere": llama}
+    return run_scenarios(tmp_path_factory.mktemp("probe"), cases)
+
+
+def probe_warnings(outcome):
+    assert outcome["error"] is None, outcome
+    return [m for level, m in outcome["probe"] if level == "WARNING"]
+
+
+@real_engine
+def test_refits_of_a_policy_in_training_give_no_finding(outcomes):
+    # A first sync over dummy weights, a bucketed refit (three calls), the same tensors again, a further step.
+    quiet = outcomes["quiet"]
+    assert probe_warnings(quiet) == [], quiet
+    assert any("the refit probe follows LlamaForCausalLM" in m for _, m in quiet["probe"]), quiet
+    tokens = quiet["tokens"]
+    assert tokens[1] != tokens[0] and tokens[2] == tokens[1] and tokens[3] != tokens[2], tokens  # each refit served
+
+
+@real_engine
+def test_checkpoint_reloaded_over_the_synced_weights_is_named(outcomes):
+    reload = outcomes["reload"]
+    before, synced, after = reload["tokens"]
+    # The failure: after vLLM's reload from disk the engine serves the checkpoint again, not the policy it was sent.
+    assert synced != before and after == before, reload["tokens"]
+    (warning,) = probe_warnings(reload)
+    assert "refit 2 left the weights exactly as they were when loaded at start-up" in warning, warning
+    assert "TP rank 0" in warning and "TRL#5312" in warning
+
+
+@real_engine
+def test_a_write_under_the_engine_is_named_at_the_next_refit(outcomes):
+    under = outcomes["under"]
+    (warning,) = probe_warnings(under)
+    assert "1 parameter(s) changed after refit 1 with no refit through the engine since (model.norm.weight)" in warning
+
+
+@real_engine
+def test_a_refit_that_landed_nowhere_is_named(outcomes):
+    nowhere = outcomes["nowhere"]
+    first, second, third = nowhere["tokens"]
+    assert first == second == third, nowhere["tokens"]  # the failure: the refits changed nothing the engine serves
+    (warning,) = probe_warnings(nowhere)
+    assert "refit 3 sent 2 tensor(s) that changed since they were last sent" in warning, warning
+    assert "q_proj.bias" in warning and "no weight of the model changed" in warning
+
+
+@real_engine
+@pytest.mark.full
+def test_probe_off_says_nothing_and_strict_stops_the_step(models, tmp_path):
+    llama = models["llama"]
+    (tmp_path / "off").mkdir()
+    (tmp_path / "strict").mkdir()
+    off = run_scenarios(tmp_path / "off", {"reload": llama}, {"NRL_SHIM_PROBE": "off"})["reload"]
+    assert off["probe"] == [] and off["tokens"][2] == off["tokens"][0], off
+    strict = run_scenarios(tmp_path / "strict", {"reload_strict": llama}, {"NRL_SHIM_STRICT": "1"})["reload_strict"]
+    assert strict["error"] is not None and "ProbeFindingError" in strict["error"], strict
+    assert len(strict["tokens"]) == 2, strict  # the generation after the reload never ran
