@@ -1,4 +1,4 @@
-"""The refit fixes that wrap a model's own load_weights (vllm-refit-guard, vllm-prefix-cache-refit,
+"""The refit fixes that wrap a model's own load_weights (vllm-refit-guard, vllm-prefix-cache-refit, the refit probe (vllm-weights-probe),
 vllm-layerwise-refit) each hold a layer of nrl_shim.patching on the model instance: on vLLM's real model object (a
 tiny Qwen3-MoE loaded with dummy weights through vLLM's own loader, no engine: tests/children/
 refit_fixes_unwrap_order.py), loaded, refit and then taken off in every order, each removal takes off that fix's layer
@@ -14,7 +14,7 @@ from nrl_shim.quirks.vllm.refit import layerwise_refit
 
 from conftest import run_child_json
 
-IDS = ["vllm-layerwise-refit", "vllm-prefix-cache-refit", "vllm-refit-guard"]
+IDS = ["vllm-layerwise-refit", "vllm-prefix-cache-refit", "vllm-refit-guard", "vllm-weights-probe"]
 
 
 @requires(layerwise_refit.VERSIONS)
@@ -25,7 +25,7 @@ def test_refit_fixes_come_off_in_every_order_and_leave_the_models_own_load_weigh
     runs = out["runs"]
     assert [run["order"] for run in runs] == [list(order) for order in itertools.permutations(IDS)]
     for run in runs:
-        assert run["loaded"] == run["after_refit"] == IDS, run  # all three watch this model, through its refit
+        assert run["loaded"] == run["after_refit"] == IDS, run  # all four watch this model, through its refit
         assert run["hooks_after_refit"] == 2, run  # the guard's check and the layerwise bracket's close, armed
         left = list(IDS)
         for quirk_id, still_on in zip(run["order"], run["steps"]):

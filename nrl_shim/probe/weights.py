@@ -116,10 +116,19 @@ def _names(changed: list[str]) -> str:
 class WeightsProbe:
     """One model's weight versions in this process (version 0: as loaded; one per refit after), and the checks."""
 
-    def __init__(self, model: Any, engine: str, where: dict, digest: Callable[[Any], dict] = model_digests) -> None:
+    def __init__(
+        self,
+        model: Any,
+        engine: str,
+        where: dict,
+        digest: Callable[[Any], dict] = model_digests,
+        model_of: Callable[[], Any] | None = None,
+    ) -> None:
         import weakref
 
-        self._model = weakref.ref(model)
+        # `model_of`: where the engine keeps its model, asked each time (an engine may swap the object); else a weak
+        # reference to `model`.
+        self._model = model_of or weakref.ref(model)
         self._digest = digest
         self.engine, self.where = engine, dict(where)
         self.refits = 0  # finished refits
@@ -134,14 +143,15 @@ class WeightsProbe:
     def model(self) -> Any:
         return self._model()
 
-    def refit_starts(self) -> Finding | None:
-        """Before each refit call: at the first one of a refit, the weights must still be the last version's."""
+    def refit_starts(self, check: bool = True) -> Finding | None:
+        """Before each refit call: at the first one of a refit, the weights must still be the last version's.
+        `check=False`: a refit the engine hears of only once it is over (weights written in place), nothing to check."""
         if self.in_refit:
             return None
         self.in_refit = True
         self._sent_changed, self._sent_count = [], 0
         model = self.model
-        if model is None:
+        if model is None or not check:
             return None
         # Parameters an in-place reload has already moved aside (vLLM 0.3x's layerwise reload puts them on the meta
         # device before its load_weights call) are not compared: only the ones still there.

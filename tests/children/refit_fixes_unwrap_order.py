@@ -7,7 +7,7 @@ A tiny Qwen3-MoE checkpoint (written into DIR) is loaded with dummy weights thro
 layerwise fix a model whose MoE experts vLLM re-laid out after loading. Per order: a fresh model, a refit through its
 `load_weights` as RL frameworks make it (no generation step after it: the refit guard would have checked and removed
 itself), then each fix's unpatch in that order (what deactivate() calls, in its own order); after each step, which
-fixes' layers are still on. Then the three fixes are patched again for the next order.
+fixes' layers are still on. Then the four are patched again for the next order.
 """
 
 import itertools
@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-IDS = ("vllm-layerwise-refit", "vllm-prefix-cache-refit", "vllm-refit-guard")
+IDS = ("vllm-layerwise-refit", "vllm-prefix-cache-refit", "vllm-refit-guard", "vllm-weights-probe")
 
 
 def main(directory):
@@ -48,7 +48,7 @@ def main(directory):
 
     nrl_shim.activate()
     settings = activation.active_settings()
-    # Where the three fixes are patched; the dummy loader last, as at its first import: its load_model layer (a method
+    # Where the four are patched; the dummy loader last, as at its first import: its load_model layer (a method
     # it inherits) sits over BaseModelLoader's layers, so those must be there first when they are put back.
     patched = sorted(
         ((quirk_id, name) for quirk_id, name in activation.patched() if quirk_id in IDS),

@@ -49,11 +49,17 @@ REQUIRES = (
 WHAT = "vLLM weights after a refit"
 ENGINE = "vllm"
 
-_WATCH = model_events.ModelWatch(ID)  # its hooks set below (they are module functions)
+_WATCH = model_events.ModelWatch(ID)  # its before_refit hook set below (a module function)
 _PROBES: "Any" = None  # WeakKeyDictionary model -> WeightsProbe, made on first use
-_PENDING: set = set()  # probes whose refit has begun and not ended (the next step ends it)
-_SAID: set = set()  # kinds of finding said at WARNING in this process
-_STATE: "dict[str, Any]" = {"on": True, "strict": False, "finding": None}
+_STATE: "dict[str, Any]" = {"on": True, "probes": None}
+
+
+def _engine_probes():
+    if _STATE["probes"] is None:
+        from nrl_shim.probe.engine import Probes
+
+        _STATE["probes"] = Probes(ID, WHAT)
+    return _STATE["probes"]
 
 
 def _probes():
@@ -79,17 +85,10 @@ def _ranks(vllm_config):
     return tp, pp, dp
 
 
-def _note(probe):
-    from nrl_shim.job_report import recorder
-
-    recorder().note(probe=probe.record())
-
-
 def _loaded(model, loader=None, vllm_config=None, model_config=None):
     """vLLM's `loaded` hook: follow the model; its weights as loaded are version 0."""
     import time
 
-    from nrl_shim import report
     from nrl_shim.probe.weights import WeightsProbe, layout_key
 
     if not _STATE["on"] or model in _probes():
@@ -107,28 +106,14 @@ def _loaded(model, loader=None, vllm_config=None, model_config=None):
     probe = WeightsProbe(model, ENGINE, where)
     _probes()[model] = probe
     _WATCH.watch(model)
-    _note(probe)
-    report.first_at_info(
-        _SAID,
-        "following",
-        ID,
-        "info",
-        "[%s] %s: the refit probe follows %s's %d parameters in this worker (a digest of them took %.0f ms); a refit "
-        "that leaves other weights than the ones sent is named (docs/probe.md)",
-        ID,
-        WHAT,
-        type(model).__name__,
-        len(probe.current),
-        1000 * (time.perf_counter() - started),
-    )
+    _engine_probes().following(probe, time.perf_counter() - started)
 
 
 def _before_refit(model, args, kwargs):
     probe = _probes().get(model)
     if probe is None:
         return args, kwargs
-    _say(probe, probe.refit_starts())
-    _PENDING.add(probe)
+    _engine_probes().starts(probe)
     if "weights" in kwargs:
         kwargs = {**kwargs, "weights": probe.sent(kwargs["weights"])}
     elif args:
@@ -139,62 +124,16 @@ def _before_refit(model, args, kwargs):
 _WATCH.before_refit = _before_refit
 
 
-def _message(probe, finding):
-    where = probe.where
-    import os
-
-    ranks = ", ".join(f"{k[:2].upper()} rank {where[k]}" for k in ("tp_rank", "dp_rank") if where.get(k) is not None)
-    return (
-        f"[{ID}] {WHAT}: {where['model']} in pid {os.getpid()}" + (f" ({ranks})" if ranks else "") + f", refit "
-        f"{probe.refits}: {finding.check}: {finding.what} ({finding.size}); likely cause: {finding.cause}. See "
-        "docs/probe.md"
-    )
-
-
-def _say(probe, finding):
-    if finding is None:
-        return
-    import logging
-
-    from nrl_shim import report
-
-    message = _message(probe, finding)
-    first = finding.kind not in _SAID
-    _SAID.add(finding.kind)
-    report.record(ID, "warning", "%s", message, level=logging.WARNING if first else logging.DEBUG)
-    from nrl_shim.job_report import recorder
-
-    recorder().note(probe_finding={**probe.record(), "kind": finding.kind, "message": message})
-    if _STATE["strict"]:  # raised at the worker's next step, before it serves from these weights
-        _STATE["finding"] = message
-
-
-def _finish_refits():
-    for probe in list(_PENDING):
-        _PENDING.discard(probe)
-        finding = probe.refit_done()
-        _note(probe)
-        _say(probe, finding)
-
-
 def _step_wrapper(wrapped, instance, args, kwargs):
-    if _PENDING:  # a refit since the last step: it ends here, before this step serves from it
-        try:
-            _finish_refits()
-        except Exception as error:  # never fail a step over the probe
-            from nrl_shim import report
-
-            report.logger().debug("[%s] could not check the refit: %r", ID, error)
-    if _STATE["finding"] is not None:
-        from nrl_shim.errors import ProbeFindingError
-
-        message, _STATE["finding"] = _STATE["finding"], None
-        raise ProbeFindingError(message + " (NRL_SHIM_STRICT=1; NRL_SHIM_PROBE=off turns the probe off)")
+    probes = _STATE["probes"]
+    if probes is not None and (probes.pending or probes.finding):
+        probes.step()  # a refit since the last step ends here, before this step serves from it
     return wrapped(*args, **kwargs)
 
 
 def _patch_base_loader(module, settings):
-    _STATE.update(on=settings.probe == "on", strict=settings.strict)
+    _STATE["on"] = settings.probe == "on"
+    _engine_probes().strict = settings.strict
     if _STATE["on"]:
         model_events.subscribe_load(module, ID, loaded=_loaded)
 
@@ -202,7 +141,7 @@ def _patch_base_loader(module, settings):
 def _unpatch_base_loader(module):
     model_events.unsubscribe_load(module, ID)
     _WATCH.unwatch_all()
-    _PENDING.clear()
+    _engine_probes().clear()
 
 
 def _patch_step(owner):
