@@ -413,6 +413,17 @@ QUIRKS = (
         None,
         (),
     ),
+    (
+        "nrl_shim.quirks.sglang.weights_probe",
+        "sglang-weights-probe",
+        (
+            "sglang.srt.managers.scheduler",
+            "sglang.srt.managers.scheduler_update_weights_mixin",
+            "sglang.srt.managers.scheduler_components.weight_updater",
+        ),
+        None,
+        (),
+    ),
 )
 # Per PRE_TARGETS entry (run before the module executes): (module name, quirk id).
 PRE_TARGETS = (

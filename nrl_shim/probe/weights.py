@@ -62,22 +62,29 @@ def tensor_digest(tensor: Any) -> Any:
     return total
 
 
-def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
-    """{name: digest} of many tensors, with one device sync for all of them."""
+def _digestible(tensor: Any) -> bool:
+    return tensor is not None and hasattr(tensor, "element_size") and tensor.device.type != "meta"
+
+
+def read_digests(pending: dict) -> list[tuple[str, tuple[int, int]]]:
+    """{device: [(name, tensor_digest(...)), ...]} to (name, digest) pairs on the host: one stack and one copy (one
+    device sync) per device, however many tensors."""
     import torch
 
-    by_device: dict = {}  # device -> ([names], [digests]): one stack and one copy to the host per device
-    for name, tensor in named_tensors:
-        if tensor is None or not hasattr(tensor, "element_size") or tensor.device.type == "meta":
-            continue
-        names, parts = by_device.setdefault(tensor.device, ([], []))
-        names.append(name)
-        parts.append(tensor_digest(tensor))
-    found = {}
-    for names, parts in by_device.values():
-        values = torch.stack(parts).tolist()
-        found.update({name: (a & _MASK, b & _MASK) for name, (a, b) in zip(names, values)})
+    found: list[tuple[str, tuple[int, int]]] = []
+    for parts in pending.values():
+        values = torch.stack([digest for _, digest in parts]).tolist()
+        found.extend((name, (a & _MASK, b & _MASK)) for (name, _), (a, b) in zip(parts, values))
     return found
+
+
+def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
+    """{name: digest} of many tensors, with one device sync for all of them."""
+    pending: dict = {}  # device -> [(name, digest tensor)]
+    for name, tensor in named_tensors:
+        if _digestible(tensor):
+            pending.setdefault(tensor.device, []).append((name, tensor_digest(tensor)))
+    return dict(read_digests(pending))
 
 
 def model_digests(model: Any) -> dict[str, tuple[int, int]]:
@@ -138,6 +145,9 @@ class WeightsProbe:
         self._sent: dict[str, tuple[int, int]] = {}  # per tensor name, the digest it was last sent with
         self._sent_changed: list[str] = []  # names sent in this refit with a digest other than their last one
         self._sent_count = 0
+        # This refit's sent tensors' digests, still on their devices: read at its end with one sync per device, not
+        # one per tensor (a sync per tensor would stall a GPU loader hundreds of times per refit).
+        self._sent_pending: dict = {}
 
     @property
     def model(self) -> Any:
@@ -149,7 +159,7 @@ class WeightsProbe:
         if self.in_refit:
             return None
         self.in_refit = True
-        self._sent_changed, self._sent_count = [], 0
+        self._sent_changed, self._sent_count, self._sent_pending = [], 0, {}
         model = self.model
         if model is None or not check:
             return None
@@ -191,22 +201,29 @@ class WeightsProbe:
     def _note_sent(self, item: Any) -> None:
         try:
             name, tensor = item
-            value = digests([(name, tensor)]).get(name)
+            if not _digestible(tensor):
+                return
+            digest = tensor_digest(tensor)
         except Exception:  # an item of a form the probe does not know: passed on unread
             return
-        if value is None:
-            return
-        self._sent_count += 1
-        last = self._sent.get(name)
-        if last is not None and last != value:
-            self._sent_changed.append(name)
-        self._sent[name] = value
+        self._sent_pending.setdefault(tensor.device, []).append((name, digest))
+
+    def _read_sent(self) -> None:
+        """This refit's sent digests, in the order sent: which tensors changed since they were last sent."""
+        pending, self._sent_pending = self._sent_pending, {}
+        for name, value in read_digests(pending):
+            self._sent_count += 1
+            last = self._sent.get(name)
+            if last is not None and last != value:
+                self._sent_changed.append(name)
+            self._sent[name] = value
 
     def refit_done(self) -> Finding | None:
         """Once the refit is over (the engine's next step): the new version, checked against the earlier ones."""
         if not self.in_refit:
             return None
         self.in_refit = False
+        self._read_sent()
         model = self.model
         if model is None:
             return None

@@ -10,3 +10,12 @@ class Records(logging.Handler):
 
     def emit(self, record):
         self.messages.append((record.levelname, record.getMessage()))
+
+
+def error_line(exc):
+    """`Type: message | Type | Cause | ...`: the error and the chain under it (an engine wraps the shim's error)."""
+    line, cause = f"{type(exc).__name__}: {exc}", exc
+    while cause is not None:
+        line += f" | {type(cause).__name__}"
+        cause = cause.__cause__ or cause.__context__
+    return line

@@ -40,7 +40,7 @@ def refit_batches(scenario, items):
 def run(model_dir, scenario):
     import gc
 
-    from log_records import Records  # next to this file (the script's directory is on sys.path)
+    from log_records import Records, error_line  # next to this file (the script's directory is on sys.path)
     from vllm import LLM, SamplingParams
 
     from tiny_models import state_dict_items
@@ -61,11 +61,7 @@ def run(model_dir, scenario):
         for _ in range(2):  # the second generation must not report again
             llm.generate([{"prompt_token_ids": [5, 17, 42]}], params, use_tqdm=False)
     except Exception as exc:  # strict mode: the guard's error, possibly wrapped by the engine
-        error = f"{type(exc).__name__}: {exc}"
-        cause = exc
-        while cause is not None:
-            error += f" | {type(cause).__name__}"
-            cause = cause.__cause__ or cause.__context__
+        error = error_line(exc)
     logging.getLogger("nrl_shim").removeHandler(records)
     del llm, runner
     gc.collect()

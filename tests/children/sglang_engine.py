@@ -10,6 +10,8 @@ Cases, each on the engine as the cases before it left it (its radix cache includ
   `Engine.update_weights_from_tensor` (inside begin_weight_update()/end_weight_update() where the release has them:
   0.5.21+ refuses an update outside that session), as NeMo RL's and slime's refits send each bucket;
   With "only": a list of parameter names, those tensors only; with "dtype" (e.g. "bfloat16"), cast to it;
+- {"kind": "update_from_disk", "checkpoint": dir}: `Engine.update_weights_from_disk(dir)` (verl's and AReaL's disk
+  route; a checkpoint reloaded);
 - {"kind": "flush_cache", "retry_s": s}: `Engine.flush_cache()`, retried while refused, up to s seconds;
 - {"kind": "weights", "names": [...]}: `Engine.get_weights_by_name(name)` of each (its first rows), as float lists:
   what the engine holds after its post-processing (an FP8 layer's FP8 weight); None where SGLang cannot read it.
@@ -62,6 +64,10 @@ def update_from_tensor(engine, case):
     return results
 
 
+def update_from_disk(engine, case):
+    return {"update": list(engine.update_weights_from_disk(case["checkpoint"]))}
+
+
 def flush_cache(engine, case):
     """Retried each second up to `retry_s`, as NeMo RL retries its flush: a flush right after a request finished can be
     refused while the scheduler still holds that request (seen on 0.5.12.post1)."""
@@ -84,7 +90,13 @@ def weights(engine, case):
     return out
 
 
-CASES = {"generate": generate, "update_from_tensor": update_from_tensor, "flush_cache": flush_cache, "weights": weights}
+CASES = {
+    "generate": generate,
+    "update_from_tensor": update_from_tensor,
+    "update_from_disk": update_from_disk,
+    "flush_cache": flush_cache,
+    "weights": weights,
+}
 
 
 def main():

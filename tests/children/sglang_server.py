@@ -37,6 +37,7 @@ Prints one JSON line: SGLang's version, start time, per case its result and time
 and the server's log lines of the shim (`[<quirk id>]`).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,24 @@ import urllib.error
 import urllib.request
 
 START_TIMEOUT_S = 900
+
+
+@contextlib.contextmanager
+def outputs_to(log):
+    """Descriptors 1 and 2 pointed at `log` for the block only: a child started inside inherits them (its and its
+    scheduler's lines reach the log) while this program's own result line still goes to its stdout."""
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def free_port():
@@ -172,20 +191,8 @@ class SpawnServer(Server):
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "w")
         options = dict(model_path=model_path, host="127.0.0.1", port=self.port, **_options(args))
-        # The child inherits descriptors 1 and 2 at its start: pointed at the log for that moment only, so that this
-        # program's own result line still goes to its stdout.
-        saved = os.dup(1), os.dup(2)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self.log.fileno(), 1)
-        os.dup2(self.log.fileno(), 2)
-        try:
+        with outputs_to(self.log):  # the child inherits them at its start
             self.proc = _launch_in_actor(options, None)
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
 
     def exit_code(self):
         return self.proc.exitcode
@@ -308,11 +315,6 @@ class SlimeServer(Server):
         self.engine = SGLangEngine(slime_args, rank=0)
         # slime's init starts the server and waits for /health_generate: in a thread, so that this program's progress
         # lines go on; the spawn child's descriptors point at the log until it has started.
-        saved = os.dup(1), os.dup(2)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self.log.fileno(), 1)
-        os.dup2(self.log.fileno(), 2)
         self.init_error = None
 
         def init():
@@ -324,16 +326,11 @@ class SlimeServer(Server):
                 self.init_error = repr(error)
 
         self.starting = threading.Thread(target=init, daemon=True)
-        try:
+        with outputs_to(self.log):
             self.starting.start()
             deadline = time.monotonic() + 120
             while not multiprocessing.active_children() and self.starting.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
 
     def _process(self):
         import multiprocessing
@@ -388,18 +385,8 @@ class ArealServer(Server):
         server_args.update({k: v for k, v in options.items() if k not in fields})
         # AReaL's command is `python3 -m ...`: this interpreter's, as in AReaL's own environment
         os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-        saved = os.dup(1), os.dup(2)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self.log.fileno(), 1)  # AReaL's Popen writes the server's output to this program's stdout
-        os.dup2(self.log.fileno(), 2)
-        try:
+        with outputs_to(self.log):  # AReaL's Popen writes the server's output to this program's stdout
             self.proc = SGLangBackend().launch_server(server_args)
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
 
     def wait_ready(self):
         import tempfile as tf

@@ -31,7 +31,7 @@ def perturbed(items, seed):
 def run(model_dir, scenario):
     import gc
 
-    from log_records import Records
+    from log_records import Records, error_line
     from vllm import LLM, SamplingParams
 
     from tiny_models import state_dict_items
@@ -89,11 +89,7 @@ def run(model_dir, scenario):
             refit([[(n, t + 1.0) for n, t in biases]])  # changed since they were last sent: lands nowhere
             generate()
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        cause = exc
-        while cause is not None:
-            error += f" | {type(cause).__name__}"
-            cause = cause.__cause__ or cause.__context__
+        error = error_line(exc)
     logging.getLogger("nrl_shim").removeHandler(records)
     llm = runner = None  # the engine goes with its last reference
     gc.collect()

@@ -62,6 +62,7 @@ def targets(patch_owner, unpatch_owner):
 # The one "weights changed" layer on each handler, in nrl_shim.patching: not a quirk id, the hook its subscribers share.
 HOOK = "sglang-weights-changed"
 _AFTER: dict = {}  # quirk id -> after(route); insertion order is subscription order
+_BEFORE: dict = {}  # quirk id -> before(owner instance, route), for the subscribers that look before an update
 
 
 # 0.5.21+ (read in the wheels): a weight-update session, begin_weight_update ... end_weight_update. Weights written
@@ -72,12 +73,15 @@ SESSION_END = "end_weight_update"
 _UNLOADED_SESSION = "end_weight_update with no tensor or distributed load in the session (SGLang's post-load step: weights written in place, P2P/RDMA)"
 
 
-def subscribe(owner, quirk_id, after):
+def subscribe(owner, quirk_id, after, before=None):
     """Have `after(route)` called after each update handler of `owner` (route: the handler's name) and after the end
-    of a weight-update session with no load in it."""
+    of a weight-update session with no load in it; `before(instance, route)`, if given, before each update handler
+    (instance: the handler's owner, the scheduler or its weight-updater manager)."""
     from nrl_shim.patching import wrap
 
     _AFTER[quirk_id] = after
+    if before is not None:
+        _BEFORE[quirk_id] = before
     wrap_updates(owner, _changed_wrapper, HOOK)
     if hasattr(owner, SESSION_END):
         wrap(owner, SESSION_END, _session_end_wrapper, HOOK)
@@ -87,6 +91,7 @@ def unsubscribe(owner, quirk_id):
     from nrl_shim.patching import unwrap
 
     _AFTER.pop(quirk_id, None)
+    _BEFORE.pop(quirk_id, None)
     if not _AFTER:
         unwrap_updates(owner, HOOK)
         if hasattr(owner, SESSION_END):
@@ -104,6 +109,13 @@ def _changed(route):
 
 
 def _changed_wrapper(wrapped, instance, args, kwargs):
+    for quirk_id, before in list(_BEFORE.items()):
+        try:
+            before(instance, wrapped.__name__)
+        except Exception as error:  # never fail an update over a fix
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not look before the weight update: %r", quirk_id, error)
     try:
         return wrapped(*args, **kwargs)
     finally:  # in the scheduler's loop: before it takes its next request

@@ -1,0 +1,176 @@
+"""The refit probe in SGLang's schedulers (docs/probe.md): after each weight update, the weights the scheduler serves
+checked against its earlier versions, and (in the job report) the other replicas.
+
+Each scheduler process (every TP rank, every DP replica) holds its model and sees every update. On SGLang's one
+"weights changed" hook (_weight_updates: tensor, distributed, disk and IPC handlers, and the end of a weight-update
+session with no load in it): the weights as the scheduler first serves them are version 0 (taken at its first batch);
+each update handler's first call of a refit checks the weights are still the last version's; the scheduler's next
+batch (`run_batch`, before it runs) ends the refit (NeMo RL's and slime's bucketed updates are many calls) and takes
+the new version. A session's end with no load in it (weights written in place, P2P/RDMA) is a refit the scheduler
+hears of only once it is over: nothing to check before it. One WARNING per kind of finding and process; strict mode
+raises ProbeFindingError at the next batch.
+
+It reads the weights; it never writes them, never adds a request or draws a random number. Not covered on SGLang:
+"landed nowhere" (the tensors sent are deserialized or read from disk inside SGLang's loader, where the probe does not
+see them: an update of unchanged files reads as a re-sync), the draft model of speculative decoding, and what vLLM's
+probe module also leaves out (docs/probe.md).
+"""
+
+from nrl_shim.quirks.sglang import SGLANG_SINCE, _weight_updates
+
+TYPE_CHECKING = False  # not typing's: quirk modules stay stdlib-light
+if TYPE_CHECKING:
+    from typing import Any
+
+ID = "sglang-weights-probe"
+SUMMARY = (
+    "The refit probe: after each weight update, each SGLang scheduler's weights checked against its earlier versions "
+    "and the other replicas (weights changed under the engine, an update that brought back an earlier version)"
+)
+LINK = "https://github.com/huggingface/trl/issues/5312"
+LIBRARY = "sglang"
+# A check, not a bug's fix: every release the SGLang fixes are declared for. Run on SGLang 0.5.23
+# (tests/test_sglang_weights_probe.py); the handlers' homes of older releases are _weight_updates'.
+VERSIONS, VERIFIED = SGLANG_SINCE, ">=0.5.23,<0.5.24"
+_SCHEDULER = "sglang.srt.managers.scheduler"
+REQUIRES = (f"{_SCHEDULER}:Scheduler.run_batch", *_weight_updates.requires())
+WHAT = "SGLang weights after an update"
+ENGINE = "sglang"
+_STATE: "dict[str, Any]" = {"on": True, "probe": None, "probes": None}
+
+
+def _engine_probes():
+    if _STATE["probes"] is None:
+        from nrl_shim.probe.engine import Probes
+
+        _STATE["probes"] = Probes(ID, WHAT)
+    return _STATE["probes"]
+
+
+def _runner(holder):
+    """The model runner of a scheduler or its weight-updater manager (tp_worker.model_runner; an overlap worker's
+    .worker first on older releases)."""
+    worker = getattr(holder, "tp_worker", None)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        runner = getattr(getattr(worker, "worker", None), "model_runner", None)
+    return runner
+
+
+def _ranks(runner, scheduler):
+    """(tp, pp, dp) of this scheduler: the runner's and scheduler's own attributes up to 0.5.2x; on 0.5.23 they live
+    in SGLang's process-wide parallel context (sglang.srt.runtime_context.get_parallel()). None where unknown."""
+    found = {}
+    for key in ("tp_rank", "pp_rank", "dp_rank"):
+        found[key] = next((getattr(o, key) for o in (runner, scheduler) if getattr(o, key, None) is not None), None)
+    if None in found.values():
+        try:
+            from sglang.srt.runtime_context import get_parallel
+
+            parallel = get_parallel()
+        except Exception:  # a release without the context: left unknown
+            parallel = None
+        for key, value in found.items():
+            try:
+                found[key] = getattr(parallel, key) if value is None and parallel is not None else value
+            except Exception:  # a rank the context was never given in this process: left unknown
+                pass
+    return found["tp_rank"], found["pp_rank"], found["dp_rank"]
+
+
+def _probe(holder):
+    """This process's probe (one scheduler per process), made at first sight: version 0 is what it serves now."""
+    if _STATE["probe"] is not None:
+        return _STATE["probe"]
+    import time
+
+    from nrl_shim.probe.weights import WeightsProbe, layout_key
+
+    runner = _runner(holder)
+    model = getattr(runner, "model", None)
+    if model is None or not hasattr(model, "named_parameters"):
+        return None
+    scheduler = getattr(holder, "scheduler", None) or holder
+    tp, pp, dp = _ranks(runner, scheduler)
+    where = {
+        "model": type(model).__name__,
+        "model_id": id(model),
+        "tp_rank": tp,
+        "pp_rank": pp,
+        "dp_rank": dp,
+        "layout": layout_key(model, (tp, pp)),
+    }
+    started = time.perf_counter()
+    # The runner is asked for its model each time: the probe follows what the scheduler serves.
+    probe = WeightsProbe(model, ENGINE, where, model_of=lambda: getattr(runner, "model", None))
+    _STATE["probe"] = probe
+    _engine_probes().following(probe, time.perf_counter() - started)
+    return probe
+
+
+def _before_update(instance, route):
+    probe = _probe(instance)
+    if probe is not None:
+        _engine_probes().starts(probe)
+
+
+def _after_update(route):
+    probe = _STATE["probe"]
+    if probe is not None and route not in _weight_updates.UPDATES:  # a session's end with no load: written in place
+        _engine_probes().starts(probe, check=False)
+
+
+def _batch_wrapper(wrapped, instance, args, kwargs):
+    if _STATE["probe"] is None:
+        try:
+            _probe(instance)
+        except Exception as error:  # never fail a batch over the probe
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not follow the model: %r", ID, error)
+    probes = _STATE["probes"]
+    if probes is not None and (probes.pending or probes.finding):
+        probes.step()  # an update since the last batch ends here, before this batch is served from it
+    return wrapped(*args, **kwargs)
+
+
+def _patch_scheduler(module, settings):
+    from nrl_shim.patching import wrap
+
+    _STATE["on"] = settings.probe == "on"
+    _engine_probes().strict = settings.strict
+    if _STATE["on"]:
+        wrap(module.Scheduler, "run_batch", _batch_wrapper, ID)
+
+
+def _unpatch_scheduler(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Scheduler, "run_batch", ID)
+    _engine_probes().clear()
+    _STATE["probe"] = None
+
+
+def _patch_updates(owner, settings):
+    if settings.probe == "on":
+        _weight_updates.subscribe(owner, ID, _after_update, before=_before_update)  # SGLang's one hook
+
+
+def _unpatch_updates(owner):
+    _weight_updates.unsubscribe(owner, ID)
+
+
+TARGETS = {
+    _SCHEDULER: (_patch_scheduler, _unpatch_scheduler),
+    **_weight_updates.targets(_patch_updates, _unpatch_updates),
+}
+
+
+def describe(settings, version):
+    if settings.probe != "on":
+        return "off (NRL_SHIM_PROBE=off)"
+    return (
+        "after each weight update, before the scheduler's next batch: the weights' digest against earlier versions, "
+        + ("an error (strict)" if settings.strict else "one warning per kind of finding")
+        + "; each replica's versions in the job report. Costs two reads of the weights per refit"
+    )
