@@ -287,3 +287,57 @@ def server_run(
         file=sys.stderr,
     )
     return {**out, "results": results}
+
+
+# One `sglang.Engine` per shim setting (tests/children/sglang_engine.py), shared by the Engine route's tests of
+# sglang-radix-cache-refit (tests/test_sglang_engine.py) and of sglang-weights-probe. Cases in order, on checkpoint A:
+# the prompt (its KV enters the radix cache); B by update_weights_from_tensor with flush_cache=False (NeMo RL's and
+# slime's per-bucket call, inside begin/end_weight_update on 0.5.21+); the prompt; flush_cache() (retried while
+# refused, as NeMo RL does); the prompt; B again (a re-sync, with its flush); the prompt; update_weights_from_disk(A),
+# the starting checkpoint reloaded over the synced weights; the prompt.
+ENGINE_ORDER = [
+    ("first", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("update", {"kind": "update_from_tensor", "checkpoint": "B", "flush_cache": False}),
+    ("after_update", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("flush", {"kind": "flush_cache", "retry_s": 60}),
+    ("after_flush", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("resync", {"kind": "update_from_tensor", "checkpoint": "B", "flush_cache": True}),
+    ("after_resync", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+    ("reload", {"kind": "update_from_disk", "checkpoint": "A"}),
+    ("after_reload", {"kind": "generate", "prompt": PROMPT, "max_tokens": MAX_TOKENS}),
+]
+
+
+@functools.cache
+def engine_run(shim: bool) -> dict:
+    """The Engine child's output with the shim on or off: results by case name, the shim's records in the driver
+    (`shim_lines`), every line of the engine's processes (`stderr`), and what changed under site-packages."""
+    paths = checkpoints()
+    cases = [
+        {**case, **({"checkpoint": paths[case["checkpoint"]]} if "checkpoint" in case else {})}
+        for _, case in ENGINE_ORDER
+    ]
+    root = Path(tempfile.mkdtemp(prefix=f"nrl-shim-sglang-engine-{'shim' if shim else 'plain'}-"))
+    installed = site_packages(sys.executable)
+    before = snapshot(roots=installed)
+    out, proc = run_case(
+        child_path("sglang_engine"),
+        {"engine": {"model_path": paths["A"], **ENGINE_KW}, "cases": cases},
+        root,
+        env=sglang_env({"NRL_SHIM": "1" if shim else "0"}),
+        timeout=900,
+    )
+    shim_lines = [message for _level, message in out["start_log"]]
+    shim_lines += [message for case in out["cases"] for _level, message in case["log"]]
+    print(
+        f"SGLang {out['sglang']}: engine start {out['engine_start_s']:.0f} s; shim active {out['shim_active']}, "
+        f"its records: {shim_lines}",
+        file=sys.stderr,
+    )
+    return {
+        **out,
+        "results": {name: case["result"] for (name, _), case in zip(ENGINE_ORDER, out["cases"])},
+        "shim_lines": shim_lines,
+        "stderr": proc.stderr,
+        "site_packages_changed": differences(before, snapshot(roots=installed)),
+    }

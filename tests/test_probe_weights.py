@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from nrl_shim import job_report  # noqa: E402
 from nrl_shim.probe import replicas  # noqa: E402
-from nrl_shim.probe.weights import CHUNK, WeightsProbe, digests, tensor_digest  # noqa: E402
+from nrl_shim.probe.weights import CHUNK, ROW, WeightsProbe, digests, tensor_digest  # noqa: E402
 
 
 def small_model(seed=0):
@@ -43,6 +43,28 @@ def test_digest_sees_one_element_and_a_swap(dtype):
     assert tensor_digest(changed).tolist() != base
     assert tensor_digest(swapped).tolist() != base
     assert tensor_digest(tensor.clone()).tolist() == base  # the same bits, the same digest
+
+
+def test_digest_sees_swaps_within_a_row_and_within_a_column():
+    """Swaps that leave every row sum (same row) or every column sum (same column) as it was."""
+    tensor = torch.randn(3 * ROW, generator=torch.Generator().manual_seed(0))
+    base = tensor_digest(tensor).tolist()
+    same_column = tensor.clone()
+    same_column[[7, 2 * ROW + 7]] = tensor[[2 * ROW + 7, 7]]
+    same_row = tensor.clone()
+    same_row[[ROW + 1, ROW + 9]] = tensor[[ROW + 9, ROW + 1]]
+    assert tensor_digest(same_column).tolist() != base
+    assert tensor_digest(same_row).tolist() != base
+
+
+@pytest.mark.parametrize("length", [2 * ROW + 5, 2 * ROW + 4], ids=["odd-bytes", "whole-words"])
+def test_digest_depends_on_the_bits_not_on_where_they_sit(length):
+    """A 2-byte slice at an offset not 4-byte aligned (read piece by piece through a copy) and its aligned copy give one
+    digest; a tensor of an odd number of 2-byte elements (its own elements' integers) too; one element changed shows."""
+    view = torch.randn(length + 1, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)[1:]
+    changed = view.clone()
+    changed[3] = changed[3] + 1
+    assert tensor_digest(view).tolist() == tensor_digest(view.clone()).tolist() != tensor_digest(changed).tolist()
 
 
 def test_digest_of_a_tensor_longer_than_one_chunk_is_positional_across_chunks():

@@ -15,70 +15,105 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from typing import Any
 
-# Elements per step of a digest: its temporaries are a few int64 copies of this many elements (32 MiB each), whatever
-# the tensor's size: the probe never holds a copy of a layer.
+# A tensor's bytes are read as 32-bit words where it is whole words (else as its own elements' integers), in rows of ROW
+# words (flat position p: row p // ROW, column p % ROW), CHUNK words (a whole number of rows) per step. Each step sums
+# its rows and its columns in int32 (wrapping; torch's int32 reductions run ~50x faster on a CPU than ones that
+# accumulate in int64) and makes no copy of the chunk: temporaries of one integer per row and per column.
+ROW = 4096
 CHUNK = 1 << 22
 _MASK = (1 << 64) - 1
-_POSITION_MODULUS = 65521  # a prime: position weights 1..65521, so a swap of two elements changes the digest
 _INT_VIEW = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-_RAMPS: dict = {}  # device -> int64 position weights of one chunk, made once per device
+_COLUMNS: dict = {}  # device -> int64 column weights 1..ROW, made once per device
 
 
-def _bits(tensor: Any) -> Any:
-    """The tensor's elements as integers of the same size (its bit patterns), flat."""
+def _flat(tensor: Any) -> Any:
     import torch
 
     flat = tensor.detach().reshape(-1)
     if flat.dtype == torch.bool:
-        return flat.to(torch.uint8)
+        flat = flat.to(torch.uint8)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
-    return flat.view(getattr(torch, _INT_VIEW[flat.element_size()]))
+    return flat
 
 
-def _ramp(device: Any) -> Any:
+def _as_words(piece: Any) -> Any:
+    """A piece of whole 32-bit words as int32: a view, or (its storage offset not 4-byte aligned: a slice) a copy of
+    this piece only, so that the digest depends on the bits alone, never on where they sit."""
     import torch
 
-    ramp = _RAMPS.get(device)
-    if ramp is None:
-        ramp = _RAMPS[device] = torch.arange(CHUNK, dtype=torch.int64, device=device) % _POSITION_MODULUS + 1
-    return ramp
+    try:
+        return piece.view(torch.int32)
+    except RuntimeError:
+        return piece.clone().view(torch.int32)
+
+
+def _column_weights(device: Any) -> Any:
+    import torch
+
+    weights = _COLUMNS.get(device)
+    if weights is None:
+        weights = _COLUMNS[device] = torch.arange(1, ROW + 1, dtype=torch.int64, device=device)
+    return weights
 
 
 def tensor_digest(tensor: Any) -> Any:
-    """A 2-element int64 tensor on the tensor's device: the sum of its bit patterns and their position-weighted sum,
-    both wrapping mod 2**64. Any change of one element, or a swap of two, changes it (barring exact cancellation)."""
+    """A 3-element int64 tensor on the tensor's device: over its words, the sum of the row sums, the row sums weighted
+    by row (1, 2, ...), the column sums weighted by column (1..ROW), wrapping mod 2**64 (row and column sums mod 2**32).
+    Integer sums are exact and order-free: the same bits give the same digest on any device. One word changed changes
+    its row's sum, so the first; two words swapped change the second (other rows) or the third (other columns): a row
+    sum's change (< 2**33) times a weight difference (< 2**31) cannot vanish mod 2**64."""
     import torch
 
-    bits = _bits(tensor)
-    total = torch.zeros(2, dtype=torch.int64, device=bits.device)
-    ramp = _ramp(bits.device)
-    for start in range(0, bits.numel(), CHUNK):
-        chunk = bits[start : start + CHUNK].to(torch.int64)
-        offset = start % _POSITION_MODULUS  # the ramp of this chunk's positions, shifted: still 1..65521
-        weights = ramp[: chunk.numel()] if offset == 0 else (ramp[: chunk.numel()] + offset - 1) % _POSITION_MODULUS + 1
-        total[0] += chunk.sum()
-        total[1] += (chunk * weights).sum()
-    return total
+    flat = _flat(tensor)
+    size = flat.element_size()
+    # Words where the tensor is whole 32-bit words (decided by dtype and size only: the same bits, the same digest);
+    # else its own elements' integers.
+    words = size >= 4 or flat.numel() * size % 4 == 0
+    step = CHUNK * 4 // size if words else CHUNK  # elements per step: CHUNK of what is summed
+    device = flat.device
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    by_row = torch.zeros((), dtype=torch.int64, device=device)
+    columns = torch.zeros(ROW, dtype=torch.int32, device=device)
+    for start in range(0, flat.numel(), step):
+        piece = flat[start : start + step]
+        chunk = _as_words(piece) if words else piece.view(getattr(torch, _INT_VIEW[size]))
+        first_row = (start * size // 4 if words else start) // ROW
+        whole = chunk.numel() // ROW * ROW
+        if whole:
+            block = chunk[:whole].view(-1, ROW)
+            rows = block.sum(dim=1, dtype=torch.int32).to(torch.int64)
+            total += rows.sum()
+            weights = torch.arange(first_row + 1, first_row + 1 + rows.numel(), dtype=torch.int64, device=device)
+            by_row += (rows * weights).sum()
+            columns += block.sum(dim=0, dtype=torch.int32)
+        if whole < chunk.numel():  # the tensor's last, partial row
+            tail = chunk[whole:].to(torch.int32)
+            tail_sum = tail.sum(dtype=torch.int32).to(torch.int64)
+            total += tail_sum
+            by_row += tail_sum * (first_row + whole // ROW + 1)
+            columns[: tail.numel()] += tail
+    by_column = (columns.to(torch.int64) * _column_weights(device)).sum()
+    return torch.stack([total, by_row, by_column])
 
 
 def _digestible(tensor: Any) -> bool:
     return tensor is not None and hasattr(tensor, "element_size") and tensor.device.type != "meta"
 
 
-def read_digests(pending: dict) -> list[tuple[str, tuple[int, int]]]:
+def read_digests(pending: dict) -> list[tuple[str, tuple[int, ...]]]:
     """{device: [(name, tensor_digest(...)), ...]} to (name, digest) pairs on the host: one stack and one copy (one
     device sync) per device, however many tensors."""
     import torch
 
-    found: list[tuple[str, tuple[int, int]]] = []
+    found: list[tuple[str, tuple[int, ...]]] = []
     for parts in pending.values():
         values = torch.stack([digest for _, digest in parts]).tolist()
-        found.extend((name, (a & _MASK, b & _MASK)) for (name, _), (a, b) in zip(parts, values))
+        found.extend((name, tuple(v & _MASK for v in value)) for (name, _), value in zip(parts, values))
     return found
 
 
-def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, int]]:
+def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, ...]]:
     """{name: digest} of many tensors, with one device sync for all of them."""
     pending: dict = {}  # device -> [(name, digest tensor)]
     for name, tensor in named_tensors:
@@ -87,13 +122,13 @@ def digests(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, tuple[int, in
     return dict(read_digests(pending))
 
 
-def model_digests(model: Any) -> dict[str, tuple[int, int]]:
+def model_digests(model: Any) -> dict[str, tuple[int, ...]]:
     """Every parameter of the model (tied ones once), by name. Buffers are left out: engines rewrite some of them at
     the first forward (a rotary cache cast to the activations' dtype), which would read as weights changed."""
     return digests(model.named_parameters())
 
 
-def version_key(parameters: dict[str, tuple[int, int]]) -> str:
+def version_key(parameters: dict[str, tuple[int, ...]]) -> str:
     text = repr(sorted(parameters.items())).encode()
     return hashlib.blake2b(text, digest_size=8).hexdigest()
 
@@ -142,7 +177,7 @@ class WeightsProbe:
         self.in_refit = False  # a refit's calls have started and the engine has not stepped since
         self.current = digest(model)
         self.versions = [(version_key(self.current), "when loaded at start-up")]  # per version: its key, what it was
-        self._sent: dict[str, tuple[int, int]] = {}  # per tensor name, the digest it was last sent with
+        self._sent: dict[str, tuple[int, ...]] = {}  # per tensor name, the digest it was last sent with
         self._sent_changed: list[str] = []  # names sent in this refit with a digest other than their last one
         self._sent_count = 0
         # This refit's sent tensors' digests, still on their devices: read at its end with one sync per device, not
