@@ -29,9 +29,9 @@ SUMMARY = (
 )
 LINK = "https://github.com/huggingface/trl/issues/5312"
 LIBRARY = "sglang"
-# A check, not a bug's fix: every release the SGLang fixes are declared for. Run on SGLang 0.5.23
-# (tests/test_sglang_weights_probe.py); the handlers' homes of older releases are _weight_updates'.
-VERSIONS, VERIFIED = SGLANG_SINCE, ">=0.5.23,<0.5.24"
+# A check, not a bug's fix: every release the SGLang fixes are declared for. Run on SGLang 0.5.10.post1, 0.5.12.post1,
+# 0.5.15.post1 and 0.5.23 (tests/test_sglang_weights_probe.py); the handlers' homes per release are _weight_updates'.
+VERSIONS, VERIFIED = SGLANG_SINCE, ">=0.5.10,<0.5.24"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 REQUIRES = (f"{_SCHEDULER}:Scheduler.run_batch", *_weight_updates.requires())
 WHAT = "SGLang weights after an update"
