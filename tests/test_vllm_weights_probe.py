@@ -28,8 +28,15 @@ def run_scenarios(tmp_path, cases, env=None):
 def outcomes(models, tmp_path_factory):
     # One interpreter, one fresh engine per scenario.
     llama = models["llama"]
-    cases = {"quiet": llama, "reload": llama, "under": llama, "nowhere": llama}
+    cases = {"quiet": llama, "reload": llama, "under": llama, "nowhere": llama, "prefix": llama}
     return run_scenarios(tmp_path_factory.mktemp("probe"), cases)
+
+
+@pytest.fixture(scope="module")
+def without_prefix_fix(models, tmp_path_factory):
+    # The prefix-cache fix off, the probe on: what a user of a refit route the fix does not see gets.
+    env = {"NRL_SHIM_DISABLE": "vllm-prefix-cache-refit"}
+    return run_scenarios(tmp_path_factory.mktemp("stale"), {"prefix": models["llama"]}, env)["prefix"]
 
 
 def probe_warnings(outcome):
@@ -73,6 +80,29 @@ def test_a_refit_that_landed_nowhere_is_named(outcomes):
     (warning,) = probe_warnings(nowhere)
     assert "refit 3 sent 2 tensor(s) that changed since they were last sent" in warning, warning
     assert "q_proj.bias" in warning and "no weight of the model changed" in warning
+
+
+@real_engine
+def test_stale_prefix_cache_kv_after_a_refit_is_named(without_prefix_fix):
+    # The failure: after the refit the shared prompt is served from KV the checkpoint computed; the same request
+    # recomputed (a cache salt) gets other logprobs. vLLM says nothing.
+    stale = without_prefix_fix
+    assert stale["error"] is None, stale
+    _, served, recomputed = stale["logprobs"]
+    assert max(abs(a - b) for a, b in zip(served, recomputed)) > 1e-3, stale["logprobs"]
+    (warning,) = probe_warnings(stale)
+    assert "served vs recomputed" in warning and "after refit 2" in warning, warning
+    assert "served 256 token(s) of cached KV (2 cache entries) computed before that refit" in warning, warning
+    assert "vllm-prefix-cache-refit off" in warning, warning
+
+
+@real_engine
+def test_with_the_prefix_fix_on_the_served_prefix_is_the_recomputed_one(outcomes):
+    # The same run with every fix on: the served request equals the recomputed one, and the probe says nothing.
+    prefix = outcomes["prefix"]
+    assert probe_warnings(prefix) == [], prefix
+    _, served, recomputed = prefix["logprobs"]
+    assert max(abs(a - b) for a, b in zip(served, recomputed)) < 1e-4, prefix["logprobs"]
 
 
 @real_engine

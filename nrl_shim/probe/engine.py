@@ -9,7 +9,21 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from nrl_shim.probe.served import ServedProbe
     from nrl_shim.probe.weights import Finding, WeightsProbe
+
+    Probe = WeightsProbe | ServedProbe
+
+
+_BY_QUIRK: dict[str, Probes] = {}
+
+
+def probes_for(quirk_id: str, what: str) -> Probes:
+    """The engine probe module's Probes in this process (one per quirk id), made at first use."""
+    probes = _BY_QUIRK.get(quirk_id)
+    if probes is None:
+        probes = _BY_QUIRK[quirk_id] = Probes(quirk_id, what)
+    return probes
 
 
 class Probes:
@@ -20,12 +34,12 @@ class Probes:
         self.strict = False
         self.finding: str | None = None  # strict mode: a finding to raise at the next step
 
-    def note(self, probe: WeightsProbe) -> None:
+    def note(self, probe: Probe) -> None:
         from nrl_shim.job_report import recorder
 
         recorder().note(probe=probe.record())
 
-    def message(self, probe: WeightsProbe, finding: Finding) -> str:
+    def message(self, probe: Probe, finding: Finding) -> str:
         where = probe.where
         ranks = ", ".join(
             f"{key[:2].upper()} rank {where[key]}" for key in ("tp_rank", "dp_rank") if where.get(key) is not None
@@ -37,7 +51,7 @@ class Probes:
             f"{finding.cause}. See docs/probe.md"
         )
 
-    def say(self, probe: WeightsProbe, finding: Finding | None) -> None:
+    def say(self, probe: Probe, finding: Finding | None) -> None:
         if finding is None:
             return
         from nrl_shim import report
@@ -59,6 +73,12 @@ class Probes:
     def step(self) -> None:
         """The engine's next step: the refits since end here (before it serves from them). Never fails the step over
         the probe itself; raises ProbeFindingError in strict mode after a finding."""
+        self.end_refits()
+        self.raise_finding()
+
+    def end_refits(self) -> None:
+        """The refits since the last step end here (a scheduler ends them before its cache is looked up; never
+        raises)."""
         if self.pending:
             try:
                 for probe in list(self.pending):
@@ -70,6 +90,9 @@ class Probes:
                 from nrl_shim import report
 
                 report.logger().debug("[%s] could not check the refit: %r", self.quirk_id, error)
+
+    def raise_finding(self) -> None:
+        """Strict mode: a finding since the last step raised here, before the step serves from it."""
         if self.finding is not None:
             from nrl_shim.errors import ProbeFindingError
 

@@ -18,6 +18,8 @@ ENGINE_KW = dict(
 )
 PROBE = "[vllm-weights-probe]"
 PROMPT = [{"prompt_token_ids": [5, 17, 42, 7, 9]}]
+# Longer than two KV blocks (128 tokens on the CPU build): a prefix the cache keeps across a refit.
+LONG = [(i * 37) % 500 + 3 for i in range(300)]
 
 
 def perturbed(items, seed):
@@ -39,13 +41,16 @@ def run(model_dir, scenario):
     records = Records()
     logging.getLogger("nrl_shim").addHandler(records)
     load_format = "auto" if scenario.startswith("reload") else "dummy"
-    llm = LLM(model=model_dir, load_format=load_format, **ENGINE_KW)
+    engine_kw = dict(ENGINE_KW, max_model_len=512) if scenario == "prefix" else ENGINE_KW
+    llm = LLM(model=model_dir, load_format=load_format, **engine_kw)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     params = SamplingParams(temperature=0, max_tokens=6, detokenize=False)
-    tokens, error = [], None
+    tokens, logprobs, error = [], [], None
 
-    def generate():
-        tokens.append(list(llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids))
+    def generate(prompt=PROMPT):
+        out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+        tokens.append(list(out.token_ids))
+        logprobs.append([next(iter(step.values())).logprob for step in out.logprobs or ()])
 
     def refit(batches):
         for batch in batches:  # NeMo RL's, verl's and TRL's route (the CPU build's refit fix keeps it working)
@@ -80,6 +85,13 @@ def run(model_dir, scenario):
             generate()
             refit([step1])
             generate()
+        elif scenario == "prefix":  # a shared prompt across a refit: served from the prefix cache, then recomputed
+            params = SamplingParams(temperature=0, max_tokens=6, detokenize=False, logprobs=0)
+            refit([checkpoint])
+            generate([{"prompt_token_ids": LONG}])  # its first two blocks cached, computed by the checkpoint
+            refit([step1])
+            generate([{"prompt_token_ids": LONG}])  # served as a user request would be (the prefix cache allowed)
+            generate([{"prompt_token_ids": LONG, "cache_salt": "recompute"}])  # the same, recomputed from scratch
         elif scenario == "nowhere":  # names the model does not have, which vLLM's loader skips (unexpected biases)
             biases = [(n.replace(".weight", ".bias"), t[:, 0].clone()) for n, t in step1 if n.endswith("q_proj.weight")]
             refit([checkpoint])
@@ -97,6 +109,7 @@ def run(model_dir, scenario):
         "probe": [(level, m) for level, m in records.messages if m.startswith(PROBE)],
         "warnings": [m for level, m in records.messages if level in ("WARNING", "ERROR")],
         "tokens": tokens,
+        "logprobs": logprobs,
         "error": error,
     }
 

@@ -273,3 +273,12 @@ def scheduler_handlers(
         unwrap(module.Scheduler, "reset_prefix_cache", quirk_id)
 
     return patch, unpatch
+
+
+def block_pools(manager: "Any") -> "list[Any]":
+    """Every block pool a V1 scheduler's KV cache manager allocates from (one per engine; kept general: a hybrid
+    model's groups may each have one). The prefix-cache fix drops their entries; the probe notes them."""
+    coordinator = getattr(manager, "coordinator", None)
+    pools = [getattr(group, "block_pool", None) for group in getattr(coordinator, "single_type_managers", ())]
+    pools.append(getattr(coordinator, "block_pool", None) or getattr(manager, "block_pool", None))
+    return [pool for pool in dict.fromkeys(pools) if pool is not None]

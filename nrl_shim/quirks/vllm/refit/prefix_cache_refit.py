@@ -235,21 +235,12 @@ def _parameters(function):
         return {}
 
 
-def _block_pools(manager):
-    """Every block pool the scheduler's KV cache manager allocates from (one per engine; kept general: a hybrid
-    model's groups may each have one)."""
-    coordinator = getattr(manager, "coordinator", None)
-    pools = [getattr(group, "block_pool", None) for group in getattr(coordinator, "single_type_managers", ())]
-    pools.append(getattr(coordinator, "block_pool", None) or getattr(manager, "block_pool", None))
-    return [pool for pool in dict.fromkeys(pools) if pool is not None]
-
-
 def _drop_cached_hashes(manager):
     """Take every cached block out of the prefix cache (its hash entries; the block and its owners' use of it stay).
     vLLM's own eviction of one block does exactly that: evict_blocks (a KV connector's invalidation, 0.2x+) or the
     eviction step of its allocator. Sliding-window and other KV-cache groups share these pools: all groups' entries go."""
     dropped = 0
-    for pool in _block_pools(manager):
+    for pool in model_events.block_pools(manager):
         secondary = getattr(pool, "cached_block_hashes_by_block", None) or {}  # a block cached under several hashes
         cached = {block.block_id for block in pool.blocks if block.block_hash is not None} | set(secondary)
         if not cached:

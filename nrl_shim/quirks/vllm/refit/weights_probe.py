@@ -46,6 +46,22 @@ REQUIRES = (
     f"{_V1_WORKER}:Worker.execute_model",
     f"{_V0_WORKER}:LocalOrDistributedWorkerBase.execute_model",
 )
+# Served vs recomputed (check a, V1's prefix cache): where the cache lives, the engine core's process.
+_CORE, _SCHEDULER = "vllm.v1.engine.core", "vllm.v1.core.sched.scheduler"
+_KV_MANAGER = "vllm.v1.core.kv_cache_manager"
+_SERVED_PART = "served vs recomputed (stale prefix-cache KV after a refit)"
+PARTS = {
+    _SERVED_PART: (
+        f"{_CORE}:EngineCore.collective_rpc",
+        f"{_SCHEDULER}:Scheduler.schedule",
+        f"{_KV_MANAGER}:KVCacheManager.get_computed_blocks",
+    )
+}
+_SERVED = "_nrl_shim_served"  # the scheduler's and its KV cache manager's attribute holding its _ServedState
+_SERVED_CAUSE = (
+    "the prefix cache was not reset after the refit (vllm-prefix-cache-refit off or idle, a refit route neither sees, "
+    "or a reset of the caller's own that failed)"
+)
 WHAT = "vLLM weights after a refit"
 ENGINE = "vllm"
 
@@ -55,11 +71,10 @@ _STATE: "dict[str, Any]" = {"on": True, "probes": None}
 
 
 def _engine_probes():
-    if _STATE["probes"] is None:
-        from nrl_shim.probe.engine import Probes
+    from nrl_shim.probe.engine import probes_for
 
-        _STATE["probes"] = Probes(ID, WHAT)
-    return _STATE["probes"]
+    _STATE["probes"] = probes = probes_for(ID, WHAT)  # _STATE: the step wrappers' check costs no import
+    return probes
 
 
 def _probes():
@@ -159,10 +174,160 @@ def _patch_step(owner):
     return patch, unpatch
 
 
+# --- served vs recomputed: the engine core's scheduler (docs/probe.md, check a) ---
+
+
+class _ServedState:
+    """Per scheduler: its refits as the probe sees them (this process's and the workers' load_weights calls) and the
+    ServedProbe of its prefix cache."""
+
+    def __init__(self, scheduler):
+        from nrl_shim.probe.served import ServedProbe
+        from nrl_shim.quirks.vllm.refit._model_events import RefitState
+
+        self.refits = RefitState(_WATCH)
+        self.worker_counts = None
+        config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+        model = str(getattr(config, "model", "?")).rstrip("/").rsplit("/", 1)[-1]
+        dp = getattr(getattr(getattr(scheduler, "vllm_config", None), "parallel_config", None), "data_parallel_rank", 0)
+        self.probe = ServedProbe(ENGINE, {"model": f"prefix cache of {model}", "dp_rank": dp}, _SERVED_CAUSE)
+        self.block_size = getattr(scheduler, "block_size", None) or getattr(scheduler.cache_config, "block_size", 0)
+
+
+def _served_state(scheduler):
+    """The scheduler's state, or None when its prefix caching is off (nothing can be served from it)."""
+    state = vars(scheduler).get(_SERVED)
+    if state is None:
+        manager = getattr(scheduler, "kv_cache_manager", None)
+        if manager is None or not getattr(manager, "enable_caching", False):
+            return None
+        state = _ServedState(scheduler)
+        setattr(scheduler, _SERVED, state)
+        setattr(manager, _SERVED, state)
+    return state
+
+
+def _after_rpc(core):
+    """After a caller's collective_rpc: the workers' refit counts; a change is a refit. Workers that can't say (no
+    shim there) are no refit for the probe: it only names what it saw."""
+    scheduler = getattr(core, "scheduler", None)
+    state = _served_state(scheduler) if scheduler is not None else None
+    if state is None:
+        return
+    counts, _ = model_events.ask_workers(core.model_executor, ID)
+    if counts is None or None in counts:
+        return
+    if counts != state.worker_counts and (state.worker_counts is not None or any(counts)):
+        state.refits.pending = "the model was refit in its worker(s)"
+    state.worker_counts = counts
+
+
+def _weights_changed():
+    """Whether this process's models changed at their latest refit (a re-sync leaves the old KV right); None when the
+    models live in other processes (their probes judge there)."""
+    probes = [probe for probe in _probes().values() if len(probe.versions) > 1]
+    if not probes:
+        return None
+    return any(probe.versions[-1][0] != probe.versions[-2][0] for probe in probes)
+
+
+def _cached_blocks(manager):
+    """(block, its hash) of every block the prefix cache holds now, the block by id (vLLM keeps its blocks for the
+    engine's life): the hash object is the entry's identity (a block recomputed or reused later gets a new one)."""
+    for pool in model_events.block_pools(manager):
+        for block in pool.blocks:
+            block_hash = block.block_hash
+            if block_hash is not None:
+                yield id(block), block_hash
+
+
+def _schedule_wrapper(wrapped, instance, args, kwargs):
+    state = _served_state(instance)
+    if state is not None:
+        try:
+            state.refits.absorb_local()
+            if state.refits.pending:
+                state.refits.pending = None
+                probes = _engine_probes()
+                probes.end_refits()  # this process's models (the worker in the engine core): their verdict first
+                state.probe.refit(_cached_blocks(instance.kv_cache_manager), _weights_changed())
+        except Exception as error:  # never fail a step over the probe
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not note the prefix cache: %r", ID, error)
+    result = wrapped(*args, **kwargs)
+    if state is not None:
+        _engine_probes().raise_finding()  # strict mode: before the step is served from stale KV
+    return result
+
+
+def _computed_blocks_wrapper(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    state = vars(instance).get(_SERVED)
+    if state is not None and state.probe.noted():
+        try:
+            groups = result[0].blocks  # per KV-cache group (one list of blocks on releases before groups)
+            first = groups if groups and hasattr(groups[0], "block_id") else (groups[0] if groups else ())
+            request = args[0] if args else kwargs.get("request")
+            size = state.block_size
+            entries = [
+                (id(block), block.block_hash, getattr(block, "block_hash_num_tokens", None) or size) for block in first
+            ]
+            finding = state.probe.served(entries, f" (request {getattr(request, 'request_id', '?')})")
+            _engine_probes().say(state.probe, finding)
+        except Exception as error:  # the lookup's result goes back as it came
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not check a prefix-cache hit: %r", ID, error)
+    return result
+
+
+def _patch_core(module, settings):
+    from nrl_shim.patching import wrap
+
+    if settings.probe == "on":
+        wrap(module.EngineCore, "collective_rpc", model_events.collective_rpc_wrapper(ID, _after_rpc), ID)
+
+
+def _unpatch_core(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.EngineCore, "collective_rpc", ID)
+
+
+def _patch_scheduler(module, settings):
+    from nrl_shim.patching import wrap
+
+    if settings.probe == "on":
+        wrap(module.Scheduler, "schedule", _schedule_wrapper, ID)
+
+
+def _unpatch_scheduler(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.Scheduler, "schedule", ID)
+
+
+def _patch_kv_manager(module, settings):
+    from nrl_shim.patching import wrap
+
+    if settings.probe == "on":
+        wrap(module.KVCacheManager, "get_computed_blocks", _computed_blocks_wrapper, ID)
+
+
+def _unpatch_kv_manager(module):
+    from nrl_shim.patching import unwrap
+
+    unwrap(module.KVCacheManager, "get_computed_blocks", ID)
+
+
 TARGETS = {
     _BASE_LOADER: (_patch_base_loader, _unpatch_base_loader),
     _V1_WORKER: _patch_step("Worker"),
     _V0_WORKER: _patch_step("LocalOrDistributedWorkerBase"),
+    _CORE: (_patch_core, _unpatch_core),
+    _SCHEDULER: (_patch_scheduler, _unpatch_scheduler),
+    _KV_MANAGER: (_patch_kv_manager, _unpatch_kv_manager),
 }
 
 
@@ -173,5 +338,6 @@ def describe(settings, version):
         "after each refit, before the worker's next step: the weights' digest against earlier versions and the "
         "tensors sent, "
         + ("an error (strict)" if settings.strict else "one warning per kind of finding")
-        + "; each replica's versions in the job report. Costs two reads of the weights per refit"
+        + "; each replica's versions in the job report; each prefix-cache hit after a refit checked for KV "
+        "computed before it (V1). Costs two reads of the weights per refit"
     )
