@@ -261,7 +261,14 @@ QUIRKS = (
     (
         "nrl_shim.quirks.vllm.refit.weights_probe",
         "vllm-weights-probe",
-        ("vllm.model_executor.model_loader.base_loader", "vllm.v1.worker.gpu_worker", "vllm.worker.worker_base"),
+        (
+            "vllm.model_executor.model_loader.base_loader",
+            "vllm.v1.worker.gpu_worker",
+            "vllm.worker.worker_base",
+            "vllm.v1.engine.core",
+            "vllm.v1.core.sched.scheduler",
+            "vllm.v1.core.kv_cache_manager",
+        ),
         None,
         (),
     ),

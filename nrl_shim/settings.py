@@ -211,7 +211,8 @@ ENGINE_VARIABLES = (
         "`on` / `off`",
         "the refit probe in every engine process (docs/probe.md): after each refit, an exact digest of the weights "
         "checked against the earlier versions and the tensors sent (one WARNING per finding; strict mode: an error at "
-        "the engine's next step), and each replica's versions in the job report; `off`: none of it",
+        "the engine's next step), each prefix-cache hit after a refit checked for KV computed before it (vLLM V1), and "
+        "each replica's versions in the job report; `off`: none of it",
     ),
 )
 # What the registry declares besides the quirks' own SETTINGS: the core's, then the engines' shared ones.

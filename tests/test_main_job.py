@@ -45,3 +45,16 @@ def test_main_job_mismatches_without_the_shim_and_matches_with_it(tmp_path, moe)
     fixes = ["[vllm-trainer-logprobs]", "[vllm-prefix-cache-refit]"] + (["[vllm-layerwise-refit]"] if moe else [])
     active = next(line for line in proc.stdout.splitlines() if line.startswith("nrl-shim: active"))
     assert all(fix in active for fix in fixes), active
+
+
+@pytest.mark.full
+def test_main_job_with_the_prefix_fix_off_the_probe_names_the_stale_kv_at_its_refit(tmp_path):
+    # The prefix-cache fix off, every other fix and the probe on: the job's own verdict (after its steps) finds stale
+    # KV; the probe names it in the engine at the first request after the refit that made it stale.
+    proc, errors = run_main_job(tmp_path, True, env={"NRL_SHIM_DISABLE": "vllm-prefix-cache-refit"})
+    check(proc, ok=False)
+    assert "VERDICT: MISMATCH" in proc.stdout and max(errors) > THRESHOLD, errors
+    said = proc.stdout + proc.stderr
+    findings = [line for line in said.splitlines() if "served vs recomputed" in line]
+    assert findings, said[-6000:]
+    assert any("[vllm-weights-probe]" in line and "computed before that refit" in line for line in findings), findings

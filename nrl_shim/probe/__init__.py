@@ -9,6 +9,8 @@ WeightsProbe (weights.py); the job report compares the replicas' records (replic
   Weights that changed with no refit since the last one (written under the engine), a refit that left them exactly as
   an earlier version (a checkpoint reloaded over the synced weights: TRL#5312's shape), and a refit whose sent tensors
   changed since they were last sent that changed no weight (it landed nowhere) are each one WARNING.
+- served vs recomputed (vLLM V1's prefix cache; served.py): a prefix-cache hit after a refit on an entry cached
+  before it is KV of older weights served to a request, named with its tokens.
 - replica vs replica (the job report, across processes and nodes): replicas of one layout whose digests differ after
   the same number of refits, or a replica with fewer refits than the others, named by host, pid and rank.
 

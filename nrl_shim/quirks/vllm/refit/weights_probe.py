@@ -7,7 +7,10 @@ replica), on vLLM's one "model loaded" hook (_model_events): the model's version
 `load_weights` call passes its (name, tensor) items through the probe (each tensor's digest kept; nothing copied,
 nothing held); the first call of a refit checks the weights are still the last version's; the worker's next step
 (`execute_model`, before it runs) ends the refit: the new version is taken and checked (probe/weights.py), and noted in
-the job report for the replica check. One WARNING per kind of finding and engine process (later ones at DEBUG, every
+the job report for the replica check. In the engine core's scheduler (served vs recomputed, V1): at each refit it sees
+(this process's calls, the workers' counts after each caller's collective_rpc), before the next step, every block the
+prefix cache holds is noted with its hash object; a later prefix-cache hit on a noted block still under that hash is KV
+of older weights served (probe/served.py). One WARNING per kind of finding and engine process (later ones at DEBUG, every
 one in the job report); strict mode raises ProbeFindingError in the worker's step instead of serving from it.
 
 It reads the weights; it never writes them, never adds a request or draws a random number: requests get the same
@@ -15,8 +18,8 @@ tokens with it on or off. Cost: a digest reads every parameter once per refit an
 (a few int64 reductions per tensor, in chunks; bench/bench_probe.py). Not covered: writes to the weights between the
 engine's last step and a refit's first call come out as "changed under the engine" only at that call; buffers (engines
 rewrite some at the first forward); what the engine derives from the weights outside its parameters (packed CPU
-kernels, scale copies: the "live layer" check to come) and KV served from older weights (the "served vs recomputed"
-check to come).
+kernels, scale copies: the "live layer" check to come); KV served from a KV connector's store or offload tier, or by
+V0's block manager.
 """
 
 from nrl_shim.quirks.vllm.refit import _model_events as model_events
