@@ -28,7 +28,7 @@ def run_scenarios(tmp_path, cases, env=None):
 def outcomes(models, tmp_path_factory):
     # One interpreter, one fresh engine per scenario.
     llama = models["llama"]
-    cases = {"quiet": llama, "reload": llama, "under": llama, "nowhere": llama, "prefix": llama}
+    cases = {"quiet": llama, "reload": llama, "under": llama, "nowhere": llama, "prefix": llama, "head": llama}
     return run_scenarios(tmp_path_factory.mktemp("probe"), cases)
 
 
@@ -37,6 +37,13 @@ def without_prefix_fix(models, tmp_path_factory):
     # The prefix-cache fix off, the probe on: what a user of a refit route the fix does not see gets.
     env = {"NRL_SHIM_DISABLE": "vllm-prefix-cache-refit"}
     return run_scenarios(tmp_path_factory.mktemp("stale"), {"prefix": models["llama"]}, env)["prefix"]
+
+
+@pytest.fixture(scope="module")
+def without_cpu_refit_fix(models, tmp_path_factory):
+    # The CPU build's refit fix off, the probe on: its packed kernel copies stay as vLLM made them.
+    env = {"NRL_SHIM_DISABLE": "vllm-cpu-refit"}
+    return run_scenarios(tmp_path_factory.mktemp("packed"), {"head": models["llama"]}, env)["head"]
 
 
 def probe_warnings(outcome):
@@ -103,6 +110,31 @@ def test_with_the_prefix_fix_on_the_served_prefix_is_the_recomputed_one(outcomes
     assert probe_warnings(prefix) == [], prefix
     _, served, recomputed = prefix["logprobs"]
     assert max(abs(a - b) for a, b in zip(served, recomputed)) < 1e-4, prefix["logprobs"]
+
+
+@real_engine
+def test_a_layer_computing_from_its_packed_copy_after_a_refit_is_named(without_cpu_refit_fix):
+    # The failure: the LM head's parameter takes the checkpoint's values, yet the engine keeps generating the dummy
+    # weights' tokens from the copy vLLM's CPU build packed at load. Every digest says the refit landed.
+    packed = without_cpu_refit_fix
+    assert packed["error"] is None, packed
+    before, after = packed["tokens"]
+    assert after == before, packed["tokens"]
+    (warning,) = probe_warnings(packed)
+    assert "live layer vs a fresh load" in warning and "after refit 1, 1 layer(s)" in warning, warning
+    assert "lm_head (" in warning, warning
+
+
+@real_engine
+def test_with_the_cpu_refit_fix_on_the_live_layers_match_their_weights(outcomes):
+    # The same refit with every fix on: the engine serves the new head, and the probe says nothing. Its largest gap
+    # here is the kernel noise (float32: the same GEMM).
+    head = outcomes["head"]
+    assert probe_warnings(head) == [], head
+    before, after = head["tokens"]
+    assert after != before, head["tokens"]
+    (gap,) = [g for g in head["live_gaps"] if g is not None]
+    assert gap < 1e-6, head["live_gaps"]
 
 
 @real_engine

@@ -84,8 +84,10 @@ class Probes:
                 for probe in list(self.pending):
                     self.pending.discard(probe)
                     finding = probe.refit_done()
+                    live = probe.live_done()
                     self.note(probe)
                     self.say(probe, finding)
+                    self.say(probe, live)
             except Exception as error:
                 from nrl_shim import report
 

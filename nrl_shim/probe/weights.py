@@ -165,6 +165,7 @@ class WeightsProbe:
         where: dict,
         digest: Callable[[Any], dict] = model_digests,
         model_of: Callable[[], Any] | None = None,
+        live_layers: Callable[[Any], Iterable[Any]] | None = None,
     ) -> None:
         import weakref
 
@@ -183,6 +184,11 @@ class WeightsProbe:
         # This refit's sent tensors' digests, still on their devices: read at its end with one sync per device, not
         # one per tensor (a sync per tensor would stall a GPU loader hundreds of times per refit).
         self._sent_pending: dict = {}
+        # Check d (probe/live.py): the layers the engine computes from copies derived from their weights, as
+        # (name, kernel, weight, bias); checked once per refit that ended, its largest gap kept for the report.
+        self._live_layers = live_layers
+        self._live_due = False
+        self.live_gap: float | None = None
 
     @property
     def model(self) -> Any:
@@ -263,6 +269,7 @@ class WeightsProbe:
         if model is None:
             return None
         self.refits += 1
+        self._live_due = self._live_layers is not None
         now = self._digest(model)
         key = version_key(now)
         unchanged = now == self.current
@@ -294,6 +301,22 @@ class WeightsProbe:
             )
         return None
 
+    def live_done(self) -> Finding | None:
+        """After a refit ended: the live layers against their weight parameters (probe/live.py), once."""
+        if not self._live_due or self._live_layers is None:
+            return None
+        self._live_due = False
+        model = self.model
+        if model is None:
+            return None
+        from nrl_shim.probe import live
+
+        finding, self.live_gap = live.check(self._live_layers(model), self.refits)
+        return finding
+
     def record(self) -> dict:
         """What the job report keeps of the latest version (one note per refit)."""
-        return {"engine": self.engine, **self.where, "refit": self.refits, "version": self.versions[-1][0]}
+        record = {"engine": self.engine, **self.where, "refit": self.refits, "version": self.versions[-1][0]}
+        if self.live_gap is not None:
+            record["live_gap"] = self.live_gap
+        return record

@@ -92,6 +92,10 @@ def run(model_dir, scenario):
             refit([step1])
             generate([{"prompt_token_ids": LONG}])  # served as a user request would be (the prefix cache allowed)
             generate([{"prompt_token_ids": LONG, "cache_salt": "recompute"}])  # the same, recomputed from scratch
+        elif scenario == "head":  # the LM head alone refit (the CPU build packs it at load: its kernel copy stays)
+            generate()  # the dummy weights' tokens
+            refit([[(n, t) for n, t in checkpoint if n.startswith("lm_head.")]])
+            generate()  # the checkpoint's LM head, if the engine computes from the parameter the refit wrote
         elif scenario == "nowhere":  # names the model does not have, which vLLM's loader skips (unexpected biases)
             biases = [(n.replace(".weight", ".bias"), t[:, 0].clone()) for n, t in step1 if n.endswith("q_proj.weight")]
             refit([checkpoint])
@@ -102,10 +106,14 @@ def run(model_dir, scenario):
             generate()
     except Exception as exc:
         error = error_line(exc)
+    from nrl_shim.quirks.vllm.refit import weights_probe
+
+    gaps = [probe.live_gap for probe in weights_probe._probes().values()]  # check d's largest gap (the kernel noise)
     logging.getLogger("nrl_shim").removeHandler(records)
     llm = runner = None  # the engine goes with its last reference
     gc.collect()
     return {
+        "live_gaps": gaps,
         "probe": [(level, m) for level, m in records.messages if m.startswith(PROBE)],
         "warnings": [m for level, m in records.messages if level in ("WARNING", "ERROR")],
         "tokens": tokens,

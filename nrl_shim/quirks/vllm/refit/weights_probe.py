@@ -121,10 +121,34 @@ def _loaded(model, loader=None, vllm_config=None, model_config=None):
         "dp_rank": dp,
         "layout": layout_key(model, (tp, pp)),
     }
-    probe = WeightsProbe(model, ENGINE, where)
+    probe = WeightsProbe(model, ENGINE, where, live_layers=_live_layers)
     _probes()[model] = probe
     _WATCH.watch(model)
     _engine_probes().following(probe, time.perf_counter() - started)
+
+
+# The layers whose kernel may compute from a copy derived from the weight (check d, probe/live.py): vLLM's unquantized
+# linear and embedding methods, whose `apply` goes through dispatch_unquantized_gemm (the CPU build's packed handles,
+# the LM head's included). Quantized and MoE methods derive more than a copy: not compared (docs/probe.md).
+_LIVE_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+
+
+def _live_layers(model):
+    import functools
+
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if type(method).__name__ not in _LIVE_METHODS:
+            continue
+        weight = getattr(module, "weight", None)
+        if weight is None or getattr(weight, "dim", lambda: 0)() != 2 or weight.numel() == 0:
+            continue  # the CPU build's packed linear layers drop their parameter: a refit of them fails loudly
+        bias = getattr(module, "bias", None)
+        yield name, functools.partial(_apply, method, module, bias), weight, bias
+
+
+def _apply(method, module, bias, x):
+    return method.apply(module, x, bias)
 
 
 def _before_refit(model, args, kwargs):
