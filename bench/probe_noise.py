@@ -23,6 +23,7 @@ def main():
 
     from nrl_shim.probe import live
     from nrl_shim.quirks.vllm.refit import weights_probe
+
     from tiny_models import write_model
 
     directory = write_model(os.path.join(tempfile.mkdtemp(prefix="nrl-shim-noise-"), "llama"), "llama")

@@ -425,6 +425,8 @@ QUIRKS = (
         "sglang-weights-probe",
         (
             "sglang.srt.managers.scheduler",
+            "sglang.srt.mem_cache.radix_cache",
+            "sglang.srt.mem_cache.unified_radix_cache",
             "sglang.srt.managers.scheduler_update_weights_mixin",
             "sglang.srt.managers.scheduler_components.weight_updater",
         ),

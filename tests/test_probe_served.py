@@ -48,12 +48,34 @@ def test_entries_recomputed_after_the_refit_or_cached_after_it_are_not_stale():
     assert served.served(hit([*old, new])) is None and served.stale_tokens == 0
 
 
-def test_a_resync_of_the_same_weights_notes_nothing_and_an_unknown_one_does():
-    served, old = probe(), [Entry()]
-    served.refit(cached(old), weights_changed=False)
+def test_a_resync_of_the_same_weights_keeps_the_earlier_notes_and_adds_none():
+    served, old, between = probe(), [Entry()], Entry()
+    served.refit(cached([]), weights_changed=False)  # before any change: nothing is stale
     assert served.noted() == 0 and served.served(hit(old)) is None
+    served.refit(cached(old))  # refit 2 changed the weights: `old` is stale
+    served.refit(cached([*old, between]), weights_changed=False)  # refit 3 sent them again: `between` is still right
+    assert served.served(hit([between])) is None
+    finding = served.served(hit(old))
+    assert finding is not None and "after refit 2" in finding.what and served.refits == 3
+
+
+def test_a_refit_not_known_to_have_changed_the_weights_notes_as_a_change():
+    served, old = probe(), [Entry()]
     served.refit(cached(old), weights_changed=None)  # the models are in other processes: not known here
     assert served.noted() == 1 and served.served(hit(old)) is not None
+
+
+def test_weak_notes_let_go_of_entries_the_cache_let_go_of():
+    import gc
+
+    served, kept, dropped = ServedProbe("sglang", {}, "cause", weak=True), Entry(), Entry()
+    served.refit([(id(kept), kept), (id(dropped), dropped)])
+    del dropped
+    gc.collect()
+    assert served.noted() == 1 and served.holds(id(kept), kept)
+    derived = Entry()
+    served.note(id(derived), derived)  # made from a noted entry (a split)
+    assert served.served([(id(derived), derived, 4)]) is not None
 
 
 def test_each_refit_notes_what_the_cache_holds_then():

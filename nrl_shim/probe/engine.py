@@ -9,8 +9,9 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from nrl_shim.probe.finding import Finding
     from nrl_shim.probe.served import ServedProbe
-    from nrl_shim.probe.weights import Finding, WeightsProbe
+    from nrl_shim.probe.weights import WeightsProbe
 
     Probe = WeightsProbe | ServedProbe
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nrl_shim.probe.weights import Finding
+from nrl_shim.probe.finding import Finding
 
 CHECK = "live layer vs a fresh load"
 KIND = "layer computes from stale derived weights"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
+from nrl_shim.probe.finding import Finding
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -137,18 +139,6 @@ def layout_key(model: Any, ranks: tuple) -> str:
     """What replicas must share to be compared: parameter names, shapes and dtypes, and the ranks of the shard."""
     text = repr((ranks, [(n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()])).encode()
     return hashlib.blake2b(text, digest_size=6).hexdigest()
-
-
-class Finding:
-    """One thing wrong at a refit: the check that saw it, what it saw (a sentence), its size, the likely cause."""
-
-    __slots__ = ("kind", "check", "what", "size", "cause")
-
-    def __init__(self, kind: str, check: str, what: str, size: str, cause: str) -> None:
-        self.kind, self.check, self.what, self.size, self.cause = kind, check, what, size, cause
-
-    def __repr__(self) -> str:
-        return f"Finding({self.check!r}, {self.what!r})"
 
 
 def _names(changed: list[str]) -> str:

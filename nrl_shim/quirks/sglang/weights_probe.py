@@ -34,9 +34,19 @@ LIBRARY = "sglang"
 VERSIONS, VERIFIED = SGLANG_SINCE, ">=0.5.10,<0.5.24"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 REQUIRES = (f"{_SCHEDULER}:Scheduler.run_batch", *_weight_updates.requires())
+# Served vs recomputed (check a): the scheduler's radix cache, the default tree of every release up to 0.5.22 and the
+# unified tree (0.5.12+, the default from 0.5.23); other trees (HiCache's own match, SWA, Mamba, LMCache's, the C++
+# tree) are not checked.
+_RADIX, _UNIFIED = "sglang.srt.mem_cache.radix_cache", "sglang.srt.mem_cache.unified_radix_cache"
+_SERVED_PART = "served vs recomputed (stale radix-cache KV after an update)"
+PARTS = {_SERVED_PART: (f"{_RADIX}:RadixCache.match_prefix",)}
+_SERVED_CAUSE = (
+    "the radix cache kept KV of the weights before the update and a request matched it (sglang-radix-cache-refit off, "
+    "an update route it does not count, or a flush the caller skipped or SGLang refused)"
+)
 WHAT = "SGLang weights after an update"
 ENGINE = "sglang"
-_STATE: "dict[str, Any]" = {"on": True, "probe": None, "probes": None}
+_STATE: "dict[str, Any]" = {"on": True, "probe": None, "probes": None, "served": None, "trees": None}
 
 
 def _engine_probes():
@@ -103,6 +113,7 @@ def _probe(holder):
     # The runner is asked for its model each time: the probe follows what the scheduler serves.
     probe = WeightsProbe(model, ENGINE, where, model_of=lambda: getattr(runner, "model", None))
     _STATE["probe"] = probe
+    _follow_tree(scheduler, where)
     _engine_probes().following(probe, time.perf_counter() - started)
     return probe
 
@@ -114,6 +125,7 @@ def _before_update(instance, route):
 
 
 def _after_update(route):
+    _STATE["served_due"] = True  # the radix cache is noted at its next lookup (after the last bucket)
     probe = _STATE["probe"]
     if probe is not None and route not in _weight_updates.UPDATES:  # a session's end with no load: written in place
         _engine_probes().starts(probe, check=False)
@@ -147,7 +159,7 @@ def _unpatch_scheduler(module):
 
     unwrap(module.Scheduler, "run_batch", ID)
     _engine_probes().clear()
-    _STATE["probe"] = None
+    _STATE.update(probe=None, served=None, trees=None, served_due=False)
 
 
 def _patch_updates(owner, settings):
@@ -159,8 +171,116 @@ def _unpatch_updates(owner):
     _weight_updates.unsubscribe(owner, ID)
 
 
+# --- served vs recomputed: the scheduler's radix cache (docs/probe.md, check a) ---
+
+
+def _follow_tree(scheduler, where):
+    """The scheduler's tree cache (and the trees a session wrapper holds inside it), and the probe of its KV."""
+    import weakref
+
+    from nrl_shim.probe.served import ServedProbe
+
+    trees: weakref.WeakSet[Any] = weakref.WeakSet()
+    tree = getattr(scheduler, "tree_cache", None)
+    while tree is not None and tree not in trees:
+        trees.add(tree)
+        tree = getattr(tree, "inner", None)
+    _STATE["trees"] = trees
+    served_where = {
+        "model": f"radix cache of {where['model']}",
+        "tp_rank": where["tp_rank"],
+        "dp_rank": where["dp_rank"],
+    }
+    _STATE["served"] = ServedProbe(ENGINE, served_where, _SERVED_CAUSE, weak=True)
+
+
+def _tree_nodes(tree):
+    """(id, node) of every node the tree holds now (each one KV computed before this point)."""
+    root = tree.root_node
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield id(node), node
+        stack.extend(node.children.values())
+
+
+def _weights_changed():
+    probe = _STATE["probe"]
+    if probe is None or len(probe.versions) < 2:
+        return None
+    return probe.versions[-1][0] != probe.versions[-2][0]
+
+
+def _matched(tree, result):
+    """The nodes of a match, deepest first (NodeIds resolved on the unified tree)."""
+    node = getattr(result, "last_device_node", None)
+    if isinstance(node, int):
+        resolve = getattr(tree, "resolve_node_handle", None) or tree.tree_core.node_by_id
+        node = resolve(node)
+    root = tree.root_node
+    while node is not None and node is not root:
+        yield node
+        node = node.parent
+
+
+def _match_wrapper(wrapped, instance, args, kwargs):
+    served, trees = _STATE.get("served"), _STATE.get("trees")
+    if served is None or trees is None or instance not in trees:
+        return wrapped(*args, **kwargs)  # a waiting-queue tree, or the probe not following this scheduler
+    try:
+        if _STATE.get("served_due"):
+            _STATE["served_due"] = False
+            _engine_probes().end_refits()  # the update's weights verdict first: a re-sync leaves the KV right
+            served.refit(_tree_nodes(instance), _weights_changed())
+    except Exception as error:  # never fail a lookup over the probe
+        from nrl_shim import report
+
+        report.logger().debug("[%s] could not note the radix cache: %r", ID, error)
+    result = wrapped(*args, **kwargs)
+    if served.noted():
+        try:
+            entries = []
+            for node in _matched(instance, result):
+                stale = served.holds(id(node), node)
+                if not stale and any(served.holds(id(c), c) for c in node.children.values()):
+                    # Only a split puts a new node above a noted one: it holds the first part of that node's KV.
+                    served.note(id(node), node)
+                    stale = True
+                if stale:
+                    entries.append((id(node), node, len(node.key)))
+            params = args[0] if args else kwargs.get("params")
+            rid = getattr(getattr(params, "req", None), "rid", None)
+            finding = served.served(entries, f" (request {rid})" if rid else "")
+            _engine_probes().say(served, finding)
+        except Exception as error:  # the lookup's result goes back as it came
+            from nrl_shim import report
+
+            report.logger().debug("[%s] could not check a radix-cache hit: %r", ID, error)
+    return result
+
+
+def _patch_tree(owner):
+    def patch(module, settings):
+        from nrl_shim.patching import wrap
+
+        cls = getattr(module, owner, None)
+        if settings.probe == "on" and cls is not None and hasattr(cls, "match_prefix"):
+            wrap(cls, "match_prefix", _match_wrapper, ID)
+
+    def unpatch(module):
+        from nrl_shim.patching import unwrap
+
+        cls = getattr(module, owner, None)
+        if cls is not None:
+            unwrap(cls, "match_prefix", ID)
+
+    return patch, unpatch
+
+
 TARGETS = {
     _SCHEDULER: (_patch_scheduler, _unpatch_scheduler),
+    _RADIX: _patch_tree("RadixCache"),
+    _UNIFIED: _patch_tree("UnifiedRadixCache"),
     **_weight_updates.targets(_patch_updates, _unpatch_updates),
 }
 
