@@ -18,8 +18,9 @@ ENGINE_KW = dict(
 )
 PROBE = "[vllm-weights-probe]"
 PROMPT = [{"prompt_token_ids": [5, 17, 42, 7, 9]}]
-# Longer than two KV blocks (128 tokens on the CPU build): a prefix the cache keeps across a refit.
-LONG = [(i * 37) % 500 + 3 for i in range(300)]
+# Longer than one KV block (128 tokens on the CPU build), within the tiny model's 256 positions: a prefix the cache
+# keeps across a refit.
+LONG = [(i * 37) % 500 + 3 for i in range(240)]
 
 
 def perturbed(items, seed):
@@ -41,7 +42,7 @@ def run(model_dir, scenario):
     records = Records()
     logging.getLogger("nrl_shim").addHandler(records)
     load_format = "auto" if scenario.startswith("reload") else "dummy"
-    engine_kw = dict(ENGINE_KW, max_model_len=512) if scenario == "prefix" else ENGINE_KW
+    engine_kw = dict(ENGINE_KW, max_model_len=256) if scenario == "prefix" else ENGINE_KW
     llm = LLM(model=model_dir, load_format=load_format, **engine_kw)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     params = SamplingParams(temperature=0, max_tokens=6, detokenize=False)

@@ -214,6 +214,7 @@ class _ServedState:
         from nrl_shim.quirks.vllm.refit._model_events import RefitState
 
         self.refits = RefitState(_WATCH)
+        self.refits.local_seen = 0  # made at the first step: refits before it (the first sync) count, as the workers'
         self.worker_counts = None
         config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
         model = str(getattr(config, "model", "?")).rstrip("/").rsplit("/", 1)[-1]
