@@ -285,8 +285,9 @@ def _schedule_wrapper(wrapped, instance, args, kwargs):
 
             report.logger().debug("[%s] could not note the prefix cache: %r", ID, error)
     result = wrapped(*args, **kwargs)
-    if state is not None:
-        _engine_probes().raise_finding()  # strict mode: before the step is served from stale KV
+    probes = _STATE["probes"]  # every step: no import, one lookup
+    if probes is not None and probes.finding is not None:
+        probes.raise_finding()  # strict mode: before the step is served from stale KV
     return result
 
 
